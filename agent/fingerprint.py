@@ -1,0 +1,107 @@
+"""The host fingerprint (host.json): what a number depends on besides the config."""
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from . import gpu
+from .engines import DISTRIBUTIONS, ENGINES
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def os_release() -> str:
+    m = re.search(r'^PRETTY_NAME="?([^"\n]*)"?', _read("/etc/os-release"), re.M)
+    return m.group(1) if m else platform.platform()
+
+
+def cpu() -> dict[str, Any]:
+    m = re.search(r"^model name\s*:\s*(.*)$", _read("/proc/cpuinfo"), re.M)
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"model": m.group(1).strip() if m else platform.processor(), "count": os.cpu_count(), "usable": usable}
+
+
+def memory_total_mib() -> int | None:
+    m = re.search(r"^MemTotal:\s*(\d+) kB", _read("/proc/meminfo"), re.M)
+    return int(m.group(1)) // 1024 if m else None
+
+
+def gpus() -> dict[str, Any]:
+    text = gpu.query()
+    if text is None:
+        return {"count": 0, "devices": []}
+    rows = gpu.parse_query_csv(text)
+    info: dict[str, Any] = {"count": len(rows), "devices": rows,
+                            "driver_version": rows[0].get("driver_version") if rows else None}
+    exe = shutil.which("nvidia-smi")
+    if exe:
+        res = subprocess.run([exe, "-q", "-x"], capture_output=True, text=True, timeout=60)
+        if res.returncode == 0:
+            info["cuda_version"] = gpu.parse_smi_xml(res.stdout).get("cuda_version")
+        topo = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, timeout=60)
+        if topo.returncode == 0:
+            info["topology"] = re.sub(r"\x1b\[[0-9;]*m", "", topo.stdout)
+    return info
+
+
+def engine(name: str, python: str) -> dict[str, Any]:
+    """Engine distribution, version and VCS commit, read from the engine's own Python."""
+    probe = ENGINES[name].version_probe
+    try:
+        res = subprocess.run([python, "-c", probe, *DISTRIBUTIONS[name]], capture_output=True, text=True,
+                             timeout=120)
+        dist, version, commit = (res.stdout.split() + ["", "", ""])[:3]
+        py = subprocess.run([python, "-c", "import platform; print(platform.python_version())"],
+                            capture_output=True, text=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"name": name, "error": str(exc)}
+    return {"name": name, "distribution": dist or None, "version": version or None,
+            "commit": None if commit in ("", "-") else commit, "python": py or None}
+
+
+def model_digest(path: str) -> str | None:
+    """sha256 over config.json and the names and sizes of the weight files: cheap, and changes
+    whenever the weights are swapped."""
+    p = Path(path)
+    if not p.is_dir():
+        return None
+    h = hashlib.sha256()
+    cfg = p / "config.json"
+    if cfg.exists():
+        h.update(cfg.read_bytes())
+    for f in sorted(p.glob("*.safetensors")) + sorted(p.glob("*.bin")):
+        h.update(f"{f.name}:{f.stat().st_size}".encode())
+    return h.hexdigest()[:16]
+
+
+def collect(plan: dict[str, Any]) -> dict[str, Any]:
+    suite = plan["suite"]
+    models = {}
+    for key in ("model", "draft_model"):
+        m = suite.get(key)
+        if m:
+            models[key] = {**m, "digest": model_digest(m["path"])}
+    return {
+        "host": plan["host"],
+        "hostname": platform.node(),
+        "os": os_release(),
+        "kernel": platform.release(),
+        "arch": platform.machine(),
+        "cpu": cpu(),
+        "memory_total_mib": memory_total_mib(),
+        "gpus": gpus(),
+        "engine": {**engine(suite["engine"], suite["engine_python"]), "patches": suite.get("engine_patches", [])},
+        "agent_python": platform.python_version(),
+        **models,
+    }

@@ -1,0 +1,172 @@
+"""Server lifecycle: start one engine server, wait until it is ready, stop it and verify release.
+
+`ProcessServer` runs the engine as a child in its own process group with its whole output in
+`server.log`. Another backend (a systemd unit, say) implements the same four methods.
+Every wait polls a real condition against a deadline.
+"""
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable, Protocol
+
+POLL_S = 0.25
+
+
+class StartupFailed(Exception):
+    """The server did not become ready; `reason` is the classified word."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+class Backend(Protocol):
+    port: int
+    log_path: Path
+
+    def start(self) -> None: ...
+    def wait_ready(self, health_path: str, deadline_s: float) -> float: ...
+    def alive(self) -> bool: ...
+    def stop(self, deadline_s: float) -> None: ...
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now (the kernel's choice)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def wait_until(cond: Callable[[], bool], deadline_s: float, interval: float = POLL_S) -> bool:
+    end = time.monotonic() + deadline_s
+    while True:
+        if cond():
+            return True
+        if time.monotonic() >= end:
+            return False
+        time.sleep(interval)
+
+
+def http_status(port: int, path: str, host: str = "127.0.0.1", timeout: float = 5.0) -> int | None:
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+
+
+class ProcessServer:
+    """The engine as a child process group of the agent."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path, port: int,
+                 host: str = "127.0.0.1") -> None:
+        self.argv, self.env, self.log_path, self.port, self.host = argv, env, log_path, port, host
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        if port_in_use(self.port, self.host):
+            raise StartupFailed("port_in_use", f"port {self.port} on {self.host} is already taken")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_ready(self, health_path: str, deadline_s: float) -> float:
+        """Seconds from launch to a 200 on the health endpoint; fails at once if the process exits."""
+        t0 = time.monotonic()
+        end = t0 + deadline_s
+        while True:
+            if not self.alive():
+                code = self.proc.returncode if self.proc else None
+                raise StartupFailed("crashed", f"server exited with code {code} during startup")
+            if http_status(self.port, health_path, self.host, timeout=2.0) == 200:
+                return time.monotonic() - t0
+            if time.monotonic() >= end:
+                raise StartupFailed("health_timeout", f"{health_path} not 200 within {deadline_s:.0f} s")
+            time.sleep(POLL_S)
+
+    def stop(self, deadline_s: float) -> None:
+        """SIGTERM the group, SIGKILL it after the deadline, then verify process and port are gone."""
+        if self.proc is None:
+            return
+        pgid = self.proc.pid
+        _signal_group(pgid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=deadline_s)
+        except subprocess.TimeoutExpired:
+            pass
+        # The leader may be gone while workers of its group still hold memory or the port.
+        if not wait_until(lambda: not _group_alive(pgid), 1.0 if self.proc.returncode is not None else 0):
+            _signal_group(pgid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+            if not wait_until(lambda: not _group_alive(pgid), 30):
+                raise RuntimeError(f"process group {pgid} survived SIGKILL")
+        if not wait_until(lambda: not port_in_use(self.port, self.host), 30):
+            raise RuntimeError(f"port {self.port} still in use after the server stopped")
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process is left in the group; reaps our own zombies."""
+    _reap(pgid)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            data = stat.read_text()
+        except OSError:
+            continue
+        fields = data[data.rfind(")") + 2:].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+def _reap(pgid: int) -> None:
+    """Collect exited members of the group that were re-parented to us (see `become_subreaper`)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-pgid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def become_subreaper() -> None:
+    """Adopt orphaned engine workers so they can be reaped and waited for (Linux prctl)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass

@@ -1,0 +1,111 @@
+"""Results on disk: atomic writes and the per-config layout of the results contract."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+SECRET_KEY = re.compile(r"(TOKEN|SECRET|PASSWORD|API_?KEY|CREDENTIAL)", re.I)
+SECRET_FLAGS = ("--api-key", "--hf-token", "--token")
+REDACTED = "<redacted>"
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write to a temporary file beside `path`, fsync, then rename: readers see all or nothing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    write_atomic(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+    write_atomic(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode())
+
+
+def read_json(path: Path) -> Any | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def redact_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: (REDACTED if SECRET_KEY.search(k) else v) for k, v in env.items()}
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    out, hide = [], False
+    for a in argv:
+        if hide:
+            out.append(REDACTED)
+            hide = False
+        elif a in SECRET_FLAGS:
+            out.append(a)
+            hide = True
+        elif any(a.startswith(f + "=") for f in SECRET_FLAGS):
+            out.append(a.split("=", 1)[0] + "=" + REDACTED)
+        else:
+            out.append(a)
+    return out
+
+
+def scrub(text: str, secrets: Iterable[str]) -> str:
+    """Remove secret values from free text (logs, details)."""
+    for s in secrets:
+        if s and len(s) >= 4:
+            text = text.replace(s, REDACTED)
+    return text
+
+
+class HostStore:
+    """`<root>/<host>/`: host.json, one folder per config, the agent's events and state."""
+
+    def __init__(self, root: Path, host: str) -> None:
+        self.dir = root / host
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def config_dir(self, config_id: str) -> Path:
+        return self.dir / config_id
+
+    def status(self, config_id: str) -> dict[str, Any] | None:
+        return read_json(self.config_dir(config_id) / "status.json")
+
+    def event(self, kind: str, **fields: Any) -> None:
+        """Append one progress event (a line is written whole or not at all)."""
+        line = json.dumps({"t": now_iso(), "event": kind, **fields}, sort_keys=True) + "\n"
+        fd = os.open(self.dir / "events.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)

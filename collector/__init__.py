@@ -1,0 +1,1 @@
+"""The controller-side collector: reads a run's results and computes the speedup table."""

@@ -1,0 +1,80 @@
+"""`python -m collector report RUN_DIR --format md|csv|json` and `stamp` (run.json)."""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from agent import SCHEMA_VERSION
+from agent.store import now_iso, read_json, write_atomic, write_json
+
+from .load import load_run
+from .report import render
+
+
+def _commit() -> str | None:
+    try:
+        res = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).resolve().parent, timeout=10)
+        return res.stdout.strip() or None
+    except OSError:
+        return None
+
+
+def stamp(args: argparse.Namespace) -> int:
+    """Create or update `run.json`; started_at is kept across resumed sessions."""
+    root = Path(args.run_dir)
+    meta = read_json(root / "run.json") or {}
+    now = now_iso()
+    meta.setdefault("run_id", root.name)
+    meta.setdefault("started_at", now)
+    meta.update(schema_version=SCHEMA_VERSION, suite=args.suite or meta.get("suite"),
+                project_version=_commit() or meta.get("project_version"))
+    if args.event == "start":
+        meta["finished_at"] = None
+        meta.setdefault("sessions", []).append({"started_at": now, "hosts": args.hosts})
+    else:
+        meta["finished_at"] = now
+        hosts = sorted({*meta.get("hosts", []), *args.hosts})
+        meta["hosts"] = hosts
+    write_json(root / "run.json", meta)
+    return 0
+
+
+def report(args: argparse.Namespace) -> int:
+    root = Path(args.run_dir)
+    if not root.is_dir():
+        print(f"no such run folder: {root}", file=sys.stderr)
+        return 2
+    run = load_run(root)
+    for p in run.problems:
+        print(f"warning: {p}", file=sys.stderr)
+    if args.write:
+        for fmt in ("md", "csv", "json"):
+            write_atomic(root / f"report.{fmt}", render(run, fmt).encode())
+    sys.stdout.write(render(run, args.format))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m collector")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("report", help="print the speedup table of a run")
+    r.add_argument("run_dir")
+    r.add_argument("--format", choices=("md", "csv", "json"), default="md")
+    r.add_argument("--write", action="store_true", help="also write report.md/.csv/.json into the run folder")
+    r.set_defaults(func=report)
+    s = sub.add_parser("stamp", help="record the start or end of a session of a run in run.json")
+    s.add_argument("run_dir")
+    s.add_argument("event", choices=("start", "finish"))
+    s.add_argument("--suite")
+    s.add_argument("--hosts", nargs="*", default=[])
+    s.set_defaults(func=stamp)
+    args = p.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
