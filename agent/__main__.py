@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import tarfile
+import uuid
 from pathlib import Path
 
 from .server import become_subreaper
@@ -27,10 +28,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"run {plan['run_id']} is already running on this host (pid {state.get('pid')})", file=sys.stderr)
         return 3
     become_subreaper()
-    state = {"pid": os.getpid(), "run_id": plan["run_id"], "state": "running", "started_at": now_iso()}
+    state = {"pid": os.getpid(), "run_id": plan["run_id"], "state": "running", "started_at": now_iso(),
+             "invocation": args.invocation}
     write_json(host_dir / "agent.json", state)
     try:
-        rc = Suite(plan, root, force=args.force).run()
+        rc = Suite(plan, root, force=args.force, invocation=args.invocation).run()
         state.update(state="finished", finished_at=now_iso())
         return rc
     except BaseException as exc:
@@ -57,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--plan", required=True)
     r.add_argument("--results", required=True, help="results root on this host")
     r.add_argument("--force", action="store_true", help="re-run configs already ok")
+    r.add_argument("--invocation", default=uuid.uuid4().hex, help="an id for this start, carried by its events")
     r.set_defaults(func=run)
     k = sub.add_parser("pack", help="archive one host's results")
     k.add_argument("--results", required=True)

@@ -15,7 +15,7 @@ from .engines import ENGINES
 METHODS = ("autoregressive", "ngram", "draft_model", "eagle", "eagle3", "mtp", "dflash", "ddtree")
 NEEDS_DRAFT = ("draft_model", "eagle", "eagle3", "dflash", "ddtree")
 NEEDS_K = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
-PREFIX = "specfleet_"
+PREFIX = "bench_"
 
 _pos_int = {"type": "integer", "minimum": 1}
 _int_list = {"type": "array", "minItems": 1, "items": _pos_int, "uniqueItems": True}
@@ -198,7 +198,8 @@ def validate(suite: dict[str, Any], phases: list[str] | None = None) -> None:
                     errors.append(f"{sw}.methods[{k}]: {m!r} is not a config of phase {phase['name']}; "
                                   f"allowed: {', '.join(labels)}")
             if max_len:
-                longest = max(sweep.get("context_tokens", [0])) + max(sweep.get("max_tokens", suite.get("max_tokens", [256])))
+                out_len = max(sweep.get("max_tokens", suite.get("max_tokens", [256])))
+                longest = max(sweep.get("context_tokens", [0])) + out_len
                 if longest > max_len:
                     errors.append(f"{sw}.context_tokens: context + max_tokens = {longest} exceeds the model's "
                                   f"max_model_len {max_len}")

@@ -91,8 +91,9 @@ def scrub(text: str, secrets: Iterable[str]) -> str:
 class HostStore:
     """`<root>/<host>/`: host.json, one folder per config, the agent's events and state."""
 
-    def __init__(self, root: Path, host: str) -> None:
+    def __init__(self, root: Path, host: str, invocation: str = "") -> None:
         self.dir = root / host
+        self.invocation = invocation
         self.dir.mkdir(parents=True, exist_ok=True)
 
     def config_dir(self, config_id: str) -> Path:
@@ -103,7 +104,8 @@ class HostStore:
 
     def event(self, kind: str, **fields: Any) -> None:
         """Append one progress event (a line is written whole or not at all)."""
-        line = json.dumps({"t": now_iso(), "event": kind, **fields}, sort_keys=True) + "\n"
+        line = json.dumps({"t": now_iso(), "event": kind, "invocation": self.invocation, **fields},
+                          sort_keys=True) + "\n"
         fd = os.open(self.dir / "events.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, line.encode())

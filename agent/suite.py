@@ -43,17 +43,18 @@ def unknown_flags(argv: list[str], known: set[str]) -> list[str]:
 class Suite:
     """Runs the configs of one plan on this host."""
 
-    def __init__(self, plan: dict[str, Any], root: Path, force: bool = False) -> None:
+    def __init__(self, plan: dict[str, Any], root: Path, force: bool = False, invocation: str = "") -> None:
         self.plan = plan
         self.host = plan["host"]
         self.suite = plan["suite"]
         self.engine = ENGINES[self.suite["engine"]]
-        self.store = HostStore(root, self.host)
+        self.store = HostStore(root, self.host, invocation)
         self.force = force
         self.secrets = [v for k, v in self.suite.get("env", {}).items() if redact_env({k: v})[k] != v]
         self.flags: set[str] | None = None
         self.engine_info: dict[str, Any] = {}
         self.idle_gpu: dict[int, int] = {}
+        self.timed_s = 0.0
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> int:
@@ -139,6 +140,8 @@ class Suite:
 
     def run_config(self, cfg: dict[str, Any]) -> dict[str, Any]:
         started_at = now_iso()
+        t0 = time.monotonic()
+        self.timed_s = 0.0
         env = self._env(cfg)
         if self.flags is None:
             try:
@@ -169,6 +172,8 @@ class Suite:
         try:
             server.start()
             ready_s = round(server.wait_ready(self.engine.health_path, cfg["timeouts"]["health_s"]), 3)
+            self.store.event("config_ready", config_id=cfg["config_id"], ready_s=ready_s, port=port,
+                             server_pid=server.pid)
             rows, status, reason, detail = self._measure(cfg, server)
         except StartupFailed as exc:
             status, reason, detail = "failed", exc.reason, exc.detail
@@ -181,7 +186,8 @@ class Suite:
                 detail = f"{detail + '; ' if detail else ''}stop: {exc}"
         log_text = _read_log(server)
         return self._record(cfg, status, reason, detail, rows=rows, log_tail=tail(log_text, 40), argv=argv,
-                            prepared=True, started_at=started_at, ready_s=ready_s, port=port)
+                            prepared=True, started_at=started_at, ready_s=ready_s, port=port,
+                            timed_s=round(self.timed_s, 3), wall_s=round(time.monotonic() - t0, 3))
 
     # -- requests ---------------------------------------------------------------------------
     def _prompts(self, cfg: dict[str, Any], port: int) -> dict[tuple[str, int], str | list[int]]:
@@ -218,8 +224,12 @@ class Suite:
             gate.wait()
             return {"slot": slot, "started_at": now_iso(), **client.stream(self.engine, port, body, deadline)}
 
+        t0 = time.monotonic()
         with ThreadPoolExecutor(max_workers=n) as pool:
-            return list(pool.map(one, range(n)))
+            rows = list(pool.map(one, range(n)))
+        if tag != "warmup":
+            self.timed_s += time.monotonic() - t0
+        return rows
 
     def _measure(self, cfg: dict[str, Any], server: ProcessServer) -> tuple[list[dict[str, Any]], str, str | None,
                                                                              str | None]:

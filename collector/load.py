@@ -104,7 +104,8 @@ def load_run(root: Path) -> Run:
                 problems.append(f"{d}: no status.json (config incomplete or interrupted); skipped")
                 continue
             if status.get("status") not in ("ok", "failed", "skipped"):
-                problems.append(f"{d / 'status.json'}: status {status.get('status')!r} is not ok|failed|skipped; skipped")
+                problems.append(f"{d / 'status.json'}: status {status.get('status')!r} is not "
+                                f"ok|failed|skipped; skipped")
                 continue
             config = _read_json(d / "config.json", problems) or {}
             reqs = read_requests(d / "requests.jsonl", problems) if (d / "requests.jsonl").exists() else []

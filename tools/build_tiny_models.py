@@ -28,7 +28,8 @@ def corpus() -> list[str]:
     for i in range(400):
         lines.append(f"def fib_{i}(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a")
         lines.append(f"def qsort_{i}(xs):\n    if len(xs) <= 1:\n        return xs\n    p = xs[0]\n"
-                     f"    return qsort_{i}([x for x in xs[1:] if x < p]) + [p] + qsort_{i}([x for x in xs[1:] if x >= p])")
+                     f"    lo = [x for x in xs[1:] if x < p]\n    hi = [x for x in xs[1:] if x >= p]\n"
+                     f"    return qsort_{i}(lo) + [p] + qsort_{i}(hi)")
         lines.append(f"A shop sells {i} apples at {i % 7 + 2} dollars each and {i * 3 % 11} pears; "
                      f"the total cost is {i * (i % 7 + 2)} dollars.")
         lines.append(json.dumps({"id": i, "name": f"item-{i}", "tags": ["a", "b"], "price": i * 1.5,

@@ -1,0 +1,80 @@
+"""Action `bench_plan`: validate a host's benchmark matrix and render its configs, on the controller.
+
+Reads nothing from the host, so it works in plan mode and check mode for hosts that cannot be
+reached. Fails naming the offending variable and what is allowed.
+"""
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from agent import matrix  # noqa: E402
+from agent.store import redact_argv, redact_env  # noqa: E402
+
+display = Display()
+
+
+def _hms(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def _axis(cells: list[dict[str, Any]], key: str) -> str:
+    values = sorted({c[key] for c in cells}, key=lambda v: (isinstance(v, str), v))
+    return ",".join(str(v) for v in values)
+
+
+def _quote(arg: str) -> str:
+    return arg if arg == "{port}" else shlex.quote(arg)
+
+
+def describe(host: str, configs: list[dict[str, Any]]) -> list[str]:
+    """The plan as text: each config's exact launch command and environment, requests and time."""
+    lines = [f"Plan for {host}: {len(configs)} configs, {sum(c['requests'] for c in configs)} timed requests, "
+             f"estimated {_hms(sum(c['estimate_s'] for c in configs))}"]
+    for k, c in enumerate(configs, 1):
+        cells = c["cells"]
+        lines += [
+            f"[{k}/{len(configs)}] {c['config_id']}  ({c['engine']}, {c['method']} {c['method_params'] or ''}, "
+            f"tp {c['tp']}): {c['requests']} requests in {len(cells)} cells, ~{_hms(c['estimate_s'])}",
+            "    env: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(redact_env(c["env"]).items())),
+            "    cmd: " + " ".join(_quote(a) for a in redact_argv(c["command"])),
+            f"    cells over: workloads {_axis(cells, 'workload')}; max_tokens {_axis(cells, 'max_tokens')}; "
+            f"context {_axis(cells, 'context_tokens')}; concurrency {_axis(cells, 'concurrency')}; "
+            f"reps {_axis(cells, 'repetitions')}",
+        ]
+    lines.append("    ({port} is a free port chosen on the host at launch)")
+    return lines
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _supports_check_mode = True
+    _supports_async = False
+
+    def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
+        result = super().run(tmp, task_vars)
+        args = self._task.args
+        suite = args.get("suite") or {}
+        phases = args.get("phases") or None
+        if isinstance(phases, str):
+            phases = [p.strip() for p in phases.split(",") if p.strip()]
+        host = (task_vars or {}).get("inventory_hostname", "?")
+        try:
+            configs = matrix.expand(suite, phases)
+        except matrix.MatrixError as exc:
+            result.update(failed=True, msg=f"invalid benchmark matrix for {host}:\n{exc}")
+            return result
+        lines = describe(host, configs)
+        if args.get("show"):
+            display.display("\n".join(lines))
+        result.update(changed=False, configs=configs, plan_lines=lines,
+                      requests=sum(c["requests"] for c in configs),
+                      estimate_s=sum(c["estimate_s"] for c in configs))
+        return result
