@@ -1,0 +1,163 @@
+"""Matrix validation (each bad input names its field) and expansion into ordered configs."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agent import matrix
+
+ROOT = Path(__file__).resolve().parents[2]
+SUITE_KEYS = ("suite_name", "engine", "engine_python", "engine_patches", "model", "draft_model", "gpu_count",
+              "bind_host", "server_args", "env", "sampling", "repetitions", "max_tokens", "warmup_max_tokens",
+              "workloads", "timeouts", "estimate", "phases")
+
+
+def suite_from_host_vars(host: str) -> dict[str, Any]:
+    """The suite as the bench role assembles it: role defaults overlaid with host_vars."""
+    defaults = yaml.safe_load((ROOT / "roles/bench/defaults/main.yml").read_text())
+    host_vars = yaml.safe_load((ROOT / f"host_vars/{host}.yml").read_text())
+    merged = {**defaults, **host_vars}
+    return {k: merged[f"bench_{k}"] for k in SUITE_KEYS if f"bench_{k}" in merged}
+
+
+def base() -> dict[str, Any]:
+    return {
+        "engine": "sglang", "engine_python": "/py", "gpu_count": 4,
+        "model": {"name": "m", "path": "/m", "max_model_len": 4096},
+        "draft_model": {"name": "d", "path": "/d"},
+        "phases": [{"name": "tp1", "tp": 1,
+                    "configs": [{"method": "autoregressive"}, {"method": "ddtree", "budget": 16}],
+                    "sweeps": [{"workloads": ["fib"], "max_tokens": [256]}]}],
+    }
+
+
+def error_of(suite: dict[str, Any], phases: list[str] | None = None) -> str:
+    with pytest.raises(matrix.MatrixError) as exc:
+        matrix.validate(suite, phases)
+    return str(exc.value)
+
+
+def mutate(path: str, value: Any) -> dict[str, Any]:
+    s = copy.deepcopy(base())
+    obj: Any = s
+    keys = path.split(".")
+    for k in keys[:-1]:
+        obj = obj[int(k)] if k.isdigit() else obj[k]
+    last = keys[-1]
+    if value is KeyError:
+        del obj[last]
+    elif last.isdigit():
+        obj[int(last)] = value
+    else:
+        obj[last] = value
+    return s
+
+
+@pytest.mark.parametrize("path, value, expected", [
+    ("phases.0.configs.1.method", "medusa2", "bench_phases[0].configs[1].method: 'medusa2' is not one of"),
+    ("phases.0.configs.1.budget", 0, "bench_phases[0].configs[1].budget: 0 is less than the minimum of 1"),
+    ("phases.0.configs.1.budget", "16", "bench_phases[0].configs[1].budget: '16' is not of type 'integer'"),
+    ("phases.0.configs.1.budget", KeyError, "bench_phases[0].configs[1]: 'budget' is a required property"),
+    ("phases.0.sweeps.0.max_tokens", [0], "bench_phases[0].sweeps[0].max_tokens[0]: 0 is less than the minimum"),
+    ("phases.0.sweeps.0.max_tokens", [-5], "bench_phases[0].sweeps[0].max_tokens[0]: -5 is less than the minimum"),
+    ("phases.0.sweeps.0.workloads", ["poem"], "bench_phases[0].sweeps[0].workloads[0]: unknown workload 'poem'"),
+    ("phases.0.tp", 8, "bench_phases[0].tp: 8 is above the host's GPU count (4)"),
+    ("engine", "tgi", "bench_engine: 'tgi' is not one of sglang, vllm"),
+    ("phases.0.configs.1.speed", 3, "bench_phases[0].configs[1]: Additional properties are not allowed ('speed'"),
+    ("phases", [], "bench_phases: [] should be non-empty"),
+    ("phases.0.configs.0", {"method": "ngram"}, "'num_speculative_tokens' is a required property"),
+    ("phases.0.sweeps.0.concurrency", [0], "bench_phases[0].sweeps[0].concurrency[0]: 0 is less than the minimum"),
+    ("repetitions", 0, "bench_repetitions: 0 is less than the minimum of 1"),
+])
+def test_bad_input_names_the_field(path: str, value: Any, expected: str) -> None:
+    assert expected in error_of(mutate(path, value))
+
+
+def test_duplicate_config_ids() -> None:
+    s = base()
+    s["phases"][0]["configs"].append({"method": "ddtree", "budget": 16})
+    assert "bench_phases[0].configs[2]: duplicate config id 'tp1-ddtree-b16'" in error_of(s)
+
+
+def test_budget_only_for_ddtree() -> None:
+    assert "only method ddtree takes a budget" in error_of(mutate("phases.0.configs.1", {"method": "dflash",
+                                                                                         "budget": 4}))
+
+
+def test_method_not_supported_by_engine() -> None:
+    s = mutate("engine", "vllm")
+    assert "bench_phases[0].configs[1].method: 'ddtree' is not supported by engine vllm" in error_of(s)
+
+
+def test_baseline_required_in_every_phase() -> None:
+    s = mutate("phases.0.configs", [{"method": "ddtree", "budget": 8}])
+    assert "bench_phases[0].configs: every phase needs an autoregressive baseline" in error_of(s)
+
+
+def test_draft_model_required() -> None:
+    s = mutate("draft_model", None)
+    assert "bench_phases[0].configs[1].draft_model: method ddtree needs a draft model" in error_of(s)
+
+
+def test_context_longer_than_model() -> None:
+    s = mutate("phases.0.sweeps.0.context_tokens", [4000])
+    assert "bench_phases[0].sweeps[0].context_tokens: context + max_tokens = 4256 exceeds" in error_of(s)
+
+
+def test_cpu_host_allows_tp1_only() -> None:
+    s = mutate("gpu_count", 0)
+    s["phases"][0]["tp"] = 2
+    assert "bench_phases[0].tp: 2 is above the host's GPU count (0); allowed 1..1" in error_of(s)
+
+
+def test_unknown_phase_selected() -> None:
+    assert "phases: unknown phase 'tp9'; allowed: tp1" in error_of(base(), ["tp9"])
+
+
+def test_sweep_method_subset_must_name_configs() -> None:
+    s = mutate("phases.0.sweeps.0.methods", ["ddtree-b99"])
+    assert "bench_phases[0].sweeps[0].methods[0]: 'ddtree-b99' is not a config of phase tp1" in error_of(s)
+
+
+def test_expansion_puts_baseline_first_and_counts_requests() -> None:
+    s = base()
+    s["phases"][0]["configs"].reverse()
+    s["phases"][0]["sweeps"] = [
+        {"workloads": ["fib", "json"], "max_tokens": [256], "concurrency": [1, 4], "repetitions": 3},
+        {"workloads": ["arith"], "context_tokens": [3000], "methods": ["ddtree-b16"], "repetitions": 2},
+    ]
+    configs = matrix.expand(s)
+    assert [c["config_id"] for c in configs] == ["tp1-autoregressive", "tp1-ddtree-b16"]
+    # 2 workloads x (1 + 4 concurrent) x 3 reps, plus 1 context cell x 2 reps for both
+    assert [c["requests"] for c in configs] == [32, 32]
+    assert configs[1]["method_params"] == {"budget": 16}
+    assert configs[0]["draft_model"] is None and configs[1]["draft_model"]["path"] == "/d"
+
+
+def test_sweep_subset_leaves_other_methods_out() -> None:
+    s = base()
+    s["phases"][0]["configs"].append({"method": "dflash"})
+    s["phases"][0]["sweeps"].append({"workloads": ["qsort"], "max_tokens": [2048], "methods": ["dflash"]})
+    by_id = {c["config_id"]: c for c in matrix.expand(s)}
+    assert {c["workload"] for c in by_id["tp1-ddtree-b16"]["cells"]} == {"fib"}
+    assert {c["workload"] for c in by_id["tp1-dflash"]["cells"]} == {"fib", "qsort"}
+    assert {c["workload"] for c in by_id["tp1-autoregressive"]["cells"]} == {"fib", "qsort"}
+
+
+def test_shipped_profiles_are_valid() -> None:
+    local = matrix.expand(suite_from_host_vars("local"))
+    assert [c["config_id"] for c in local] == ["tp1-autoregressive", "tp1-ngram-k2", "tp1-ngram-k4",
+                                               "tp1-draft_model-k3"]
+    # 4 workloads x 2 contexts x (1 + 4 concurrent) x 3 reps
+    assert all(c["requests"] == 120 for c in local)
+    ct200 = matrix.expand(suite_from_host_vars("ct200"))
+    assert len(ct200) == 24
+    assert [c["config_id"] for c in ct200[:8]] == [
+        "tp1-autoregressive", "tp1-dflash", "tp1-ddtree-b8", "tp1-ddtree-b12", "tp1-ddtree-b15", "tp1-ddtree-b16",
+        "tp1-ddtree-b32", "tp1-ddtree-b64"]
+    assert {c["tp"] for c in ct200} == {1, 4, 8}
+    assert [c["config_id"] for c in matrix.expand(suite_from_host_vars("ct200"), ["tp4"])][0] == "tp4-autoregressive"
