@@ -66,12 +66,15 @@ def driver_from_proc(text: str) -> str | None:
 
 
 def used_by_index(rows: list[dict[str, Any]]) -> dict[int, int]:
-    return {int(r["index"]): int(r["memory.used"]) for r in rows}
+    """GPU index -> MiB used; GPUs whose reading is not a number (e.g. `[N/A]`) are left out."""
+    return {int(r["index"]): int(r["memory.used"]) for r in rows
+            if isinstance(r.get("index"), int) and isinstance(r.get("memory.used"), (int, float))}
 
 
 def released(idle: dict[int, int], now: dict[int, int], tolerance_mib: int = RELEASE_TOLERANCE_MIB) -> bool:
-    """True when every GPU's used memory is back within `tolerance_mib` of its idle level."""
-    return all(now.get(i, 0) <= used + tolerance_mib for i, used in idle.items())
+    """True when every GPU's used memory is back within `tolerance_mib` of its idle level. A GPU
+    missing from the reading is not evidence of release."""
+    return all(i in now and now[i] <= used + tolerance_mib for i, used in idle.items())
 
 
 def query(fields: str = QUERY_FIELDS) -> str | None:
@@ -79,14 +82,18 @@ def query(fields: str = QUERY_FIELDS) -> str | None:
     exe = shutil.which("nvidia-smi")
     if not exe:
         return None
-    res = subprocess.run([exe, f"--query-gpu={fields}", "--format=csv"], capture_output=True, text=True,
-                         timeout=30)
+    try:
+        res = subprocess.run([exe, f"--query-gpu={fields}", "--format=csv"], capture_output=True, text=True,
+                             timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
     return res.stdout if res.returncode == 0 else None
 
 
 def wait_released(idle: dict[int, int], deadline_s: float, read: Callable[[], str | None] = query,
                   interval: float = 0.2) -> tuple[bool, dict[int, int]]:
-    """Poll until GPU memory is back at its idle level; (released?, last reading)."""
+    """Poll until GPU memory is back at its idle level; (released?, last reading). An unreadable
+    nvidia-smi counts as not released until the deadline."""
     end = time.monotonic() + deadline_s
     while True:
         text = read()

@@ -40,6 +40,10 @@ def unknown_flags(argv: list[str], known: set[str]) -> list[str]:
     return [a.split("=", 1)[0] for a in argv if a.startswith("--") and a.split("=", 1)[0] not in known]
 
 
+class PromptError(ValueError):
+    """A workload prompt cannot be built as asked."""
+
+
 class Suite:
     """Runs the configs of one plan on this host."""
 
@@ -179,6 +183,12 @@ class Suite:
             status, reason, detail = "failed", exc.reason, exc.detail
             if reason == "crashed":
                 reason = classify(tail(_read_log(server), 120), "crashed")
+        except PromptError as exc:
+            status, reason, detail = "failed", "bad_prompt", str(exc)
+        except (OSError, RuntimeError, ValueError) as exc:
+            alive = server.alive()
+            status, reason = "failed", ("prompt_build_failed" if alive else "crashed")
+            detail = f"{type(exc).__name__}: {exc}"
         finally:
             try:
                 server.stop(cfg["timeouts"]["stop_s"])
@@ -205,6 +215,9 @@ class Suite:
                 continue
             q = client.post_json(port, "/tokenize", {"model": name, "prompt": text}, 60)["tokens"]
             need = cell["context_tokens"] - len(q)
+            if need < 0:
+                raise PromptError(f"context_tokens {cell['context_tokens']} is shorter than the "
+                                  f"{cell['workload']!r} prompt itself ({len(q)} tokens)")
             while len(filler) < need:
                 reps = 1 + need // 64
                 filler = client.post_json(port, "/tokenize", {"model": name, "prompt": workloads.FILLER * reps,

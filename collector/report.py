@@ -53,6 +53,11 @@ def _samples(run: Run) -> list[dict[str, Any]]:
                 e["acc"].append(float(r["accept_length"]))
             if r.get("ttft_s") is not None:
                 e["ttft"].append(float(r["ttft_s"]))
+        for cell in c.config.get("cells") or []:
+            key = tuple(cell.get(k) for k in CELL[4:])
+            if key not in cells:  # listed in the config, but no valid request line for it
+                cells[key] = {**ident, **dict(zip(CELL[4:], key)), "tok": [], "acc": [], "ttft": [], "errors": 0,
+                              "n_total": 0, "status": "no_data"}
         out.extend(cells.values())
     return out
 
@@ -82,6 +87,8 @@ def table(run: Run) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=COLUMNS)
     if df.empty:
         return df
+    for col in ("tp", "max_tokens", "context_tokens", "concurrency", "n", "errors"):
+        df[col] = df[col].astype("Int64")  # integers stay integers beside empty cells
     df["_spec"] = df["method"] != "autoregressive"
     df = df.sort_values(["host", "tp", "workload", "max_tokens", "context_tokens", "concurrency", "_spec",
                          "config_id"], na_position="last", kind="stable").drop(columns="_spec")
@@ -103,11 +110,12 @@ def hand_run_lines(df: pd.DataFrame) -> list[str]:
             qual = []
             if len(set(df["max_tokens"].dropna())) > 1:
                 qual.append(f"{r['max_tokens']} tok")
-            if r["context_tokens"]:
+            if not pd.isna(r["context_tokens"]) and r["context_tokens"]:
                 qual.append(f"ctx {r['context_tokens']}")
-            if r["concurrency"] != 1:
+            if not pd.isna(r["concurrency"]) and r["concurrency"] != 1:
                 qual.append(f"c{r['concurrency']}")
-            name = r["workload"] + (f" ({', '.join(qual)})" if qual else "")
+            workload = r["workload"] if isinstance(r["workload"], str) else "(unknown cell)"
+            name = workload + (f" ({', '.join(qual)})" if qual else "")
             if r["status"] != "ok" or r["tok_s_mean"] is None or pd.isna(r["tok_s_mean"]):
                 lines.append(f"  {name}: {r['status']}")
                 continue

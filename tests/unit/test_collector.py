@@ -21,7 +21,7 @@ from scipy import stats
 
 from collector.__main__ import main as collector_main
 from collector.load import load_run
-from collector.report import table
+from collector.report import render, table
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -404,3 +404,13 @@ def test_cli_survives_damaged_results(standard_run: Path, capsys: pytest.Capture
         assert "tp1-partial" in captured.err
     doc_rows = json.loads(captured.out)["rows"]
     assert any(r["config_id"] == "tp1-autoregressive" and r["n"] == 3 for r in doc_rows)
+
+
+def test_md_survives_failed_config_with_unreadable_config_json(standard_run: Path) -> None:
+    """The loader tolerates a corrupt config.json (reported, treated as {}); the md report must still render."""
+    d = standard_run / "h1" / "tp1-ddtree-b16"
+    (d / "config.json").write_text('{"engine": "vllm", "cells": [')  # truncated while being written
+    run = load_run(standard_run)
+    assert any(str(d / "config.json") in p for p in run.problems)
+    out = render(run, "md")
+    assert "crashed" in out
