@@ -16,7 +16,8 @@ PATTERNS: list[tuple[str, str]] = [
     ("attention_backend", r"FlashAttention v3 Backend requires|Please use --attention-backend"),
     ("incompatible_config", r"is not compatible with|not supported (for|with|when)|NotImplementedError"),
     ("missing_model", r"No such file or directory.*(config\.json|safetensors)|does not appear to have a file|"
-                      r"Can't load the configuration|is not a local folder"),
+                      r"Can't load the configuration|is not a local folder|"
+                      r"Invalid repository ID or local directory"),
     ("cuda_error", r"CUDA error|cuInit|no CUDA-capable device|CUDA driver version is insufficient"),
 ]
 

@@ -1,0 +1,109 @@
+"""Failing configs are recorded with a classified reason and the suite goes on."""
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import time
+
+from .conftest import Bench, reduced_matrix
+
+
+def requests_served(port: int) -> float:
+    """Finished requests according to the engine's own /metrics."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request("GET", "/metrics")
+        body = conn.getresponse().read().decode()
+    except OSError:
+        return 0.0
+    finally:
+        conn.close()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
+               if line.startswith("vllm:request_success_total"))
+
+
+def wait_for(cond, deadline: float, what: str):
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_killed_crashing_and_unsupported_configs_are_recorded_and_the_suite_goes_on(bench: Bench) -> None:
+    run = "it-failures"
+    matrix = reduced_matrix([
+        {"method": "autoregressive"},
+        {"method": "ngram", "num_speculative_tokens": 2},
+        {"method": "ngram", "num_speculative_tokens": 3, "id": "ngram-badflag", "server_args": ["--no-such-flag"]},
+        {"method": "draft_model", "num_speculative_tokens": 2, "id": "broken-draft",
+         "draft_model": {"name": "missing", "path": str(bench.tmp / "no-such-model")}},
+        {"method": "ngram", "num_speculative_tokens": 4},
+    ], workloads=["fib", "json"], max_tokens=[128], context_tokens=[0], concurrency=[1, 2])
+    proc = bench.start({**matrix, "run_id": run})
+    try:
+        ready = wait_for(lambda: next((e for e in bench.events(run) if e["event"] == "config_ready"
+                                       and e["config_id"] == "tp1-ngram-k2"), None), 400, "tp1-ngram-k2 ready")
+        # kill the engine once it has served the warmup and two timed requests: mid-config
+        wait_for(lambda: requests_served(ready["port"]) >= 3, 120, "timed requests")
+        os.killpg(ready["server_pid"], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    host = bench.results / run / "local"
+    status = {p.name: json.loads((p / "status.json").read_text()) for p in host.iterdir() if p.is_dir()}
+
+    killed = status["tp1-ngram-k2"]
+    assert killed["status"] == "failed" and killed["reason"] == "crashed", killed
+    assert "during timed requests" in killed["detail"] and killed["log_tail"]
+    log = (host / "tp1-ngram-k2/server.log").read_text()
+    assert "Application startup complete" in log  # the whole server log, kept
+    rows = [json.loads(line) for line in (host / "tp1-ngram-k2/requests.jsonl").read_text().splitlines()]
+    assert 2 <= len(rows) < 18 and sum(r["ok"] for r in rows) >= 2
+
+    bad = status["tp1-ngram-badflag"]
+    assert (bad["status"], bad["reason"]) == ("failed", "unsupported_flag")
+    assert "--no-such-flag" in bad["detail"] and "vllm 0.32.0" in bad["detail"]
+    assert bad["ready_s"] is None  # rejected before any server started
+
+    broken = status["tp1-broken-draft"]
+    assert (broken["status"], broken["reason"]) == ("failed", "missing_model"), broken
+    assert "during startup" in broken["detail"] and broken["log_tail"]
+    assert broken["wall_s"] < 60  # the exit is seen at once, not at the 300 s health deadline
+
+    assert status["tp1-autoregressive"]["status"] == "ok"
+    assert status["tp1-ngram-k4"]["status"] == "ok"  # the suite went on after three failures
+    assert "failed: crashed" in out and "failed: unsupported_flag" in out
+
+    table = (bench.results / run / "report.csv").read_text()
+    assert ",crashed" in table and ",unsupported_flag" in table
+    # nothing left behind: no engine process of this test
+    marker = str(bench.tmp).encode()
+    for p in os.listdir("/proc"):
+        if p.isdigit() and int(p) != os.getpid():
+            try:
+                with open(f"/proc/{p}/environ", "rb") as f:
+                    assert marker not in f.read(), f"process {p} left running"
+            except OSError:
+                pass
+
+
+def test_failed_baseline_skips_the_rest_of_its_phase(bench: Bench) -> None:
+    run = "it-baseline"
+    matrix = reduced_matrix([{"method": "autoregressive", "server_args": ["--no-such-flag"]},
+                             {"method": "ngram", "num_speculative_tokens": 2}])
+    res = bench.run({**matrix, "run_id": run})
+    assert res.returncode == 0, res.stdout[-3000:]
+    host = bench.results / run / "local"
+    base = json.loads((host / "tp1-autoregressive/status.json").read_text())
+    spec = json.loads((host / "tp1-ngram-k2/status.json").read_text())
+    assert (base["status"], base["reason"]) == ("failed", "unsupported_flag")
+    assert (spec["status"], spec["reason"]) == ("skipped", "baseline_failed")
+    table = (bench.results / run / "report.csv").read_text().splitlines()
+    assert sum(",baseline_failed" in line for line in table) == 8  # one row per cell of the skipped config
