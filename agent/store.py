@@ -80,6 +80,16 @@ def redact_argv(argv: list[str]) -> list[str]:
     return out
 
 
+def secret_values(env: dict[str, str], argv: list[str]) -> list[str]:
+    """The values that redaction hides: secret-looking env vars and arguments of secret flags."""
+    values = [v for k, v in env.items() if SECRET_KEY.search(k)]
+    for flag, value in zip(argv, argv[1:]):
+        if flag in SECRET_FLAGS:
+            values.append(value)
+    values += [a.split("=", 1)[1] for a in argv if any(a.startswith(f + "=") for f in SECRET_FLAGS)]
+    return [v for v in values if v]
+
+
 def scrub(text: str, secrets: Iterable[str]) -> str:
     """Remove secret values from free text (logs, details)."""
     for s in secrets:

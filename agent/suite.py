@@ -20,7 +20,17 @@ from . import client, fingerprint, gpu, workloads
 from .classify import classify, tail
 from .engines import ENGINES, PORT, Engine
 from .server import ProcessServer, StartupFailed, free_port
-from .store import HostStore, now_iso, redact_argv, redact_env, scrub, write_json, write_jsonl
+from .store import (
+    HostStore,
+    now_iso,
+    redact_argv,
+    redact_env,
+    scrub,
+    secret_values,
+    write_atomic,
+    write_json,
+    write_jsonl,
+)
 
 ENV_PASSTHROUGH = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH", "CUDA_HOME")
 FLAG = re.compile(r"(?<![\w-])--[A-Za-z0-9][A-Za-z0-9_-]*")
@@ -54,7 +64,7 @@ class Suite:
         self.engine = ENGINES[self.suite["engine"]]
         self.store = HostStore(root, self.host, invocation)
         self.force = force
-        self.secrets = [v for k, v in self.suite.get("env", {}).items() if redact_env({k: v})[k] != v]
+        self.secrets: list[str] = []
         self.flags: set[str] | None = None
         self.engine_info: dict[str, Any] = {}
         self.idle_gpu: dict[int, int] = {}
@@ -143,6 +153,7 @@ class Suite:
         return st
 
     def run_config(self, cfg: dict[str, Any]) -> dict[str, Any]:
+        self.secrets = secret_values(cfg["env"], cfg["command"])
         started_at = now_iso()
         t0 = time.monotonic()
         self.timed_s = 0.0
@@ -195,6 +206,9 @@ class Suite:
             except RuntimeError as exc:
                 detail = f"{detail + '; ' if detail else ''}stop: {exc}"
         log_text = _read_log(server)
+        if self.secrets and any(v in log_text for v in self.secrets):
+            log_text = scrub(log_text, self.secrets)  # engines log their arguments: keep secrets out
+            write_atomic(server.log_path, log_text.encode())
         return self._record(cfg, status, reason, detail, rows=rows, log_tail=tail(log_text, 40), argv=argv,
                             prepared=True, started_at=started_at, ready_s=ready_s, port=port,
                             timed_s=round(self.timed_s, 3), wall_s=round(time.monotonic() - t0, 3))
