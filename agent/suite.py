@@ -201,17 +201,20 @@ class Suite:
             status, reason = "failed", ("prompt_build_failed" if alive else "crashed")
             detail = f"{type(exc).__name__}: {exc}"
         finally:
+            t_stop = time.monotonic()
             try:
                 server.stop(cfg["timeouts"]["stop_s"])
             except RuntimeError as exc:
                 detail = f"{detail + '; ' if detail else ''}stop: {exc}"
+            stop_s = time.monotonic() - t_stop
         log_text = _read_log(server)
         if self.secrets and any(v in log_text for v in self.secrets):
             log_text = scrub(log_text, self.secrets)  # engines log their arguments: keep secrets out
             write_atomic(server.log_path, log_text.encode())
         return self._record(cfg, status, reason, detail, rows=rows, log_tail=tail(log_text, 40), argv=argv,
                             prepared=True, started_at=started_at, ready_s=ready_s, port=port,
-                            timed_s=round(self.timed_s, 3), wall_s=round(time.monotonic() - t0, 3))
+                            timed_s=round(self.timed_s, 3), stop_s=round(stop_s, 3),
+                            wall_s=round(time.monotonic() - t0, 3))
 
     # -- requests ---------------------------------------------------------------------------
     def _prompts(self, cfg: dict[str, Any], port: int) -> dict[tuple[str, int], str | list[int]]:
