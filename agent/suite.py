@@ -5,6 +5,8 @@ A failing config is recorded with a classified reason and the suite goes on; a c
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -44,6 +46,12 @@ def engine_flags(engine: Engine, python: str, env: dict[str, str]) -> set[str]:
         raise RuntimeError(f"`{' '.join(engine.help_command(python))}` failed ({res.returncode}): "
                            f"{tail(res.stderr or res.stdout, 10)}")
     return flags
+
+
+def config_digest(cfg: dict[str, Any]) -> str:
+    """Identifies what a config measures; a kept result must have been made by the same config."""
+    keep = {k: v for k, v in cfg.items() if k not in ("estimate_s", "timeouts")}
+    return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def unknown_flags(argv: list[str], known: set[str]) -> list[str]:
@@ -90,7 +98,8 @@ class Suite:
             scale = done_actual / done_est if done_est else 1.0
             eta = (total_est - done_est) * scale
             prev = self.store.status(cid)
-            if prev and prev.get("status") == "ok" and not self.force:
+            if prev and prev.get("status") == "ok" and prev.get("config_digest") == config_digest(cfg) \
+                    and not self.force:
                 self.store.event("config_kept", k=k, n=len(configs), config_id=cid, elapsed_s=elapsed, eta_s=eta)
                 done_est += cfg["estimate_s"]
                 done_actual += cfg["estimate_s"] * scale
@@ -143,7 +152,7 @@ class Suite:
         write_json(d / "config.json", config)
         rows = rows or []
         write_jsonl(d / "requests.jsonl", rows)
-        st = {"config_id": cid, "status": status, "reason": reason,
+        st = {"config_id": cid, "status": status, "reason": reason, "config_digest": config_digest(cfg),
               "detail": scrub(detail, self.secrets) if detail else None,
               "log_tail": scrub(log_tail, self.secrets), "finished_at": now_iso(),
               "requests": len(rows), "requests_ok": sum(1 for r in rows if r.get("ok")), **extra}
