@@ -95,6 +95,21 @@ def table(run: Run) -> pd.DataFrame:
     return df.reset_index(drop=True)
 
 
+def cross_host(df: pd.DataFrame) -> pd.DataFrame:
+    """Per config and cell: tok/s and speedup on each host side by side, and their spread
+    (max/min - 1 of tok/s across the hosts that have the cell)."""
+    ok = df[df["status"] == "ok"]
+    if ok.empty or ok["host"].nunique() < 2:
+        return pd.DataFrame()
+    keys = ["config_id", "workload", "max_tokens", "context_tokens", "concurrency"]
+    tok = ok.pivot_table(index=keys, columns="host", values="tok_s_mean", aggfunc="first")
+    spd = ok.pivot_table(index=keys, columns="host", values="speedup", aggfunc="first")
+    out = pd.concat({"tok_s": tok, "speedup": spd}, axis=1)
+    out.columns = [f"{host} {metric}" for metric, host in out.columns]
+    out["tok_s_spread"] = tok.max(axis=1) / tok.min(axis=1) - 1
+    return out.reset_index()
+
+
 def _fmt(v: Any, digits: int = 2) -> str:
     if v is None or (isinstance(v, float) and pd.isna(v)):
         return ""
@@ -150,7 +165,9 @@ def render(run: Run, fmt: str) -> str:
         return df.to_csv(index=False, float_format="%.4f")
     if fmt == "json":
         records = json.loads(df.to_json(orient="records", double_precision=6))
-        return json.dumps({"run": run.meta, "rows": records, "problems": run.problems}, indent=2) + "\n"
+        hosts = json.loads(cross_host(df).to_json(orient="records", double_precision=6))
+        return json.dumps({"run": run.meta, "rows": records, "cross_host": hosts, "problems": run.problems},
+                          indent=2) + "\n"
     md = [f"# Run {run.meta.get('run_id', run.root.name)}", ""]
     md += ["```", *hand_run_lines(df), "```", "", "## Speedup vs the autoregressive baseline", ""]
     shown = df.copy()
@@ -158,6 +175,9 @@ def render(run: Run, fmt: str) -> str:
         shown[col] = shown[col].map(_fmt)
     shown["ttft_mean_s"] = shown["ttft_mean_s"].map(lambda v: _fmt(v, 3))
     md.append(shown.drop(columns=["engine", "model", "method", "method_params"]).to_markdown(index=False))
+    hosts = cross_host(df)
+    if not hosts.empty:
+        md += ["", "## Across hosts", "", hosts.to_markdown(index=False, floatfmt=".2f")]
     t = timing(run)
     if not t.empty:
         md += ["", "## Time per config (seconds)", "",
