@@ -65,6 +65,7 @@ SCHEMA = {
     "properties": {
         "suite_name": {"type": "string"},
         "engine": {"enum": sorted(ENGINES)},
+        "backend": {"enum": ["process", "systemd"]},
         "engine_python": {"type": "string", "minLength": 1},
         "model": _model,
         "draft_model": {"oneOf": [_model, {"type": "null"}]},

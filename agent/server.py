@@ -28,13 +28,18 @@ class StartupFailed(Exception):
 
 
 class Backend(Protocol):
+    """What the suite needs from a way of running a server (a child process group, a systemd unit)."""
+
     port: int
     log_path: Path
+    pid: int | None
 
     def start(self) -> None: ...
     def wait_ready(self, health_path: str, deadline_s: float) -> float: ...
     def alive(self) -> bool: ...
     def stop(self, deadline_s: float) -> None: ...
+    def log_text(self) -> str: ...
+    def exit_detail(self) -> str: ...
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -95,6 +100,15 @@ class ProcessServer:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def exit_detail(self) -> str:
+        return f"exited with code {self.proc.returncode if self.proc else None}"
 
     def wait_ready(self, health_path: str, deadline_s: float) -> float:
         """Seconds from launch to a 200 on the health endpoint; fails at once if the process exits."""

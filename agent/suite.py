@@ -21,7 +21,7 @@ from typing import Any
 from . import client, fingerprint, gpu, workloads
 from .classify import classify, tail
 from .engines import ENGINES, PORT, Engine
-from .server import ProcessServer, StartupFailed, free_port
+from .server import Backend, ProcessServer, StartupFailed, free_port
 from .store import (
     HostStore,
     now_iso,
@@ -33,6 +33,7 @@ from .store import (
     write_json,
     write_jsonl,
 )
+from .systemd import SystemdServer, leftover_units
 
 ENV_PASSTHROUGH = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH", "CUDA_HOME")
 FLAG = re.compile(r"(?<![\w-])--[A-Za-z0-9][A-Za-z0-9_-]*")
@@ -88,6 +89,11 @@ class Suite:
         text = gpu.query()
         self.idle_gpu = gpu.used_by_index(gpu.parse_query_csv(text)) if text else {}
         self.gpu_count = info["gpus"]["count"]
+        if self.suite.get("backend") == "systemd":
+            for unit in leftover_units(self.engine.name):  # e.g. from an agent that was killed
+                subprocess.run(["systemctl", "stop", unit], capture_output=True, timeout=600)
+                subprocess.run(["systemctl", "reset-failed", unit], capture_output=True, timeout=60)
+                self.store.event("leftover_unit_stopped", unit=unit)
         failed_baselines: set[str] = set()
         done_est = done_actual = 0.0
         total_est = sum(c["estimate_s"] for c in configs)
@@ -190,7 +196,7 @@ class Suite:
         d = self._prepare_dir(cfg["config_id"])
         port = free_port(self.suite.get("bind_host", "127.0.0.1"))
         argv = [str(port) if a == PORT else a for a in cfg["command"]]
-        server = ProcessServer(argv, env, d / "server.log", port)
+        server = self._server(cfg, argv, env, d / "server.log", port)
         rows: list[dict[str, Any]] = []
         status, reason, detail, ready_s = "ok", None, None, None
         try:
@@ -202,7 +208,7 @@ class Suite:
         except StartupFailed as exc:
             status, reason, detail = "failed", exc.reason, exc.detail
             if reason == "crashed":
-                reason = classify(tail(_read_log(server), 120), "crashed")
+                reason = classify(tail(server.log_text(), 120), "crashed")
         except PromptError as exc:
             status, reason, detail = "failed", "bad_prompt", str(exc)
         except (OSError, RuntimeError, ValueError) as exc:
@@ -216,7 +222,7 @@ class Suite:
             except RuntimeError as exc:
                 detail = f"{detail + '; ' if detail else ''}stop: {exc}"
             stop_s = time.monotonic() - t_stop
-        log_text = _read_log(server)
+        log_text = _read(server.log_path)  # after stop: the whole output (process) or the journal (systemd)
         if self.secrets and any(v in log_text for v in self.secrets):
             log_text = scrub(log_text, self.secrets)  # engines log their arguments: keep secrets out
             write_atomic(server.log_path, log_text.encode())
@@ -224,6 +230,11 @@ class Suite:
                             prepared=True, started_at=started_at, ready_s=ready_s, port=port,
                             timed_s=round(self.timed_s, 3), stop_s=round(stop_s, 3),
                             wall_s=round(time.monotonic() - t0, 3))
+
+    def _server(self, cfg: dict[str, Any], argv: list[str], env: dict[str, str], log: Path, port: int) -> Backend:
+        if self.suite.get("backend") == "systemd":
+            return SystemdServer(self.engine.name, cfg["config_id"], argv, cfg["env"], log, port)
+        return ProcessServer(argv, env, log, port)
 
     # -- requests ---------------------------------------------------------------------------
     def _prompts(self, cfg: dict[str, Any], port: int) -> dict[tuple[str, int], str | list[int]]:
@@ -270,7 +281,7 @@ class Suite:
             self.timed_s += time.monotonic() - t0
         return rows
 
-    def _measure(self, cfg: dict[str, Any], server: ProcessServer) -> tuple[list[dict[str, Any]], str, str | None,
+    def _measure(self, cfg: dict[str, Any], server: Backend) -> tuple[list[dict[str, Any]], str, str | None,
                                                                              str | None]:
         port = server.port
         prompts = self._prompts(cfg, port)
@@ -294,18 +305,17 @@ class Suite:
                                  "context_tokens": cell["context_tokens"], "concurrency": cell["concurrency"],
                                  "rep": rep, **r})
                 if not server.alive():
-                    code = server.proc.returncode if server.proc else None
-                    log = tail(_read_log(server), 120)
+                    log = tail(server.log_text(), 120)
                     return rows, "failed", classify(log, "crashed"), \
-                        f"server exited with code {code} during timed requests ({len(rows)} requests recorded)"
+                        f"server {server.exit_detail()} during timed requests ({len(rows)} requests recorded)"
         if not any(r["ok"] for r in rows):
             errors = sorted({str(r["error"]) for r in rows})[:3]
             return rows, "failed", "requests_failed", f"no request succeeded: {'; '.join(errors)}"
         return rows, "ok", None, None
 
 
-def _read_log(server: ProcessServer) -> str:
+def _read(path: Path) -> str:
     try:
-        return server.log_path.read_text(errors="replace")
+        return path.read_text(errors="replace")
     except OSError:
         return ""

@@ -1,0 +1,141 @@
+"""The systemd backend: each config is an instance of the engine's template unit.
+
+`specfleet-<engine>@<instance>.service` runs the server as the unprivileged service user with
+`Restart=no` (a crash is recorded, not hidden). The config's command and environment go into
+one EnvironmentFile per instance; `server.log` is the journal of exactly this invocation.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+from .server import POLL_S, StartupFailed, http_status, port_in_use, wait_until
+from .store import write_atomic
+
+UNIT_DIR_ENV = Path("/etc/specfleet/units")
+
+
+def _systemctl(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["systemctl", *args], capture_output=True, text=True, timeout=120, check=check)
+
+
+def instance_name(text: str) -> str:
+    """A unit instance name from a config id (letters, digits, '.', '_', '-')."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", text)
+
+
+def env_file_text(argv: list[str], env: dict[str, str]) -> str:
+    """EnvironmentFile content: the environment, and the command as SPECFLEET_ARGV (split on spaces
+    by `ExecStart=/usr/bin/env $SPECFLEET_ARGV`, so no argument may contain whitespace)."""
+    for a in argv:
+        if not a or re.search(r"\s", a):
+            raise StartupFailed("bad_argument", f"argument {a!r} is empty or holds whitespace; the systemd "
+                                                f"backend passes the command through an EnvironmentFile")
+
+    def quote(v: str) -> str:
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("$", "$$") + '"'
+
+    lines = [f"{k}={quote(v)}" for k, v in sorted(env.items())]
+    lines.append(f"SPECFLEET_ARGV={quote(' '.join(argv))}")
+    return "\n".join(lines) + "\n"
+
+
+class SystemdServer:
+    """One config as `specfleet-<engine>@<instance>.service`."""
+
+    def __init__(self, engine: str, instance: str, argv: list[str], env: dict[str, str], log_path: Path,
+                 port: int, host: str = "127.0.0.1", env_dir: Path = UNIT_DIR_ENV) -> None:
+        self.unit = f"specfleet-{engine}@{instance_name(instance)}.service"
+        self.env_path = env_dir / f"{instance_name(instance)}.env"
+        self.argv, self.env, self.log_path, self.port, self.host = argv, env, log_path, port, host
+        self.invocation: str | None = None
+        self.pid: int | None = None
+
+    def _show(self) -> dict[str, str]:
+        res = _systemctl("show", self.unit, "-p", "ActiveState,SubState,MainPID,ExecMainStatus,Result,InvocationID")
+        return dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
+
+    def start(self) -> None:
+        if port_in_use(self.port, self.host):
+            raise StartupFailed("port_in_use", f"port {self.port} on {self.host} is already taken")
+        state = self._show()
+        if state.get("ActiveState") in ("active", "activating", "deactivating"):
+            raise StartupFailed("unit_busy", f"{self.unit} is already {state['ActiveState']}")
+        self.env_path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.env_path, env_file_text(self.argv, self.env).encode())
+        os.chmod(self.env_path, 0o640)
+        _systemctl("reset-failed", self.unit)
+        res = _systemctl("start", "--no-block", self.unit)
+        if res.returncode != 0:
+            raise StartupFailed("crashed", f"systemctl start {self.unit}: {res.stderr.strip()}")
+        # the invocation id names this start's journal entries
+        if not wait_until(lambda: bool(self._show().get("InvocationID")), 10):
+            raise StartupFailed("crashed", f"{self.unit} got no invocation id")
+        state = self._show()
+        self.invocation = state["InvocationID"]
+        self.pid = int(state.get("MainPID") or 0) or None
+
+    def alive(self) -> bool:
+        return self._show().get("ActiveState") in ("active", "activating", "reloading")
+
+    def wait_ready(self, health_path: str, deadline_s: float) -> float:
+        t0 = time.monotonic()
+        end = t0 + deadline_s
+        while True:
+            state = self._show()
+            if state.get("ActiveState") not in ("active", "activating", "reloading"):
+                raise StartupFailed("crashed", f"{self.unit} is {state.get('ActiveState')} "
+                                               f"({state.get('Result')}, exit status {state.get('ExecMainStatus')}) "
+                                               f"during startup")
+            self.pid = int(state.get("MainPID") or 0) or self.pid
+            if http_status(self.port, health_path, self.host, timeout=2.0) == 200:
+                return time.monotonic() - t0
+            if time.monotonic() >= end:
+                raise StartupFailed("health_timeout", f"{health_path} not 200 within {deadline_s:.0f} s")
+            time.sleep(POLL_S)
+
+    def log_text(self) -> str:
+        return self.journal()
+
+    def exit_detail(self) -> str:
+        st = self._show()
+        return f"{self.unit} is {st.get('ActiveState')} ({st.get('Result')}, exit status {st.get('ExecMainStatus')})"
+
+    def journal(self) -> str:
+        if not self.invocation:
+            return ""
+        res = subprocess.run(["journalctl", "--no-pager", "-o", "short-iso",
+                              f"_SYSTEMD_INVOCATION_ID={self.invocation}", "+", f"INVOCATION_ID={self.invocation}"],
+                             capture_output=True, text=True, timeout=120)
+        return res.stdout
+
+    def stop(self, deadline_s: float) -> None:
+        """systemctl stop (SIGTERM, SIGKILL of the unit's cgroup after TimeoutStopSec), then verify the
+        unit is inactive, its main process gone, the port free; save the invocation's journal; remove
+        the env file."""
+        try:
+            _systemctl("stop", self.unit)
+            if not wait_until(lambda: self._show().get("ActiveState") in ("inactive", "failed"), deadline_s + 30):
+                _systemctl("kill", "--signal=SIGKILL", self.unit)
+                if not wait_until(lambda: self._show().get("ActiveState") in ("inactive", "failed"), 30):
+                    raise RuntimeError(f"{self.unit} did not stop")
+            if not wait_until(lambda: not port_in_use(self.port, self.host), 30):
+                raise RuntimeError(f"port {self.port} still in use after {self.unit} stopped")
+        finally:
+            write_atomic(self.log_path, self.journal().encode())
+            try:
+                self.env_path.unlink()
+            except FileNotFoundError:
+                pass
+            _systemctl("reset-failed", self.unit)
+
+
+def leftover_units(engine: str) -> list[str]:
+    """Instances of the engine's template that are still loaded (e.g. after an agent was killed)."""
+    res = _systemctl("list-units", "--all", "--plain", "--no-legend", f"specfleet-{engine}@*.service")
+    return [line.split()[0] for line in res.stdout.splitlines() if line.strip()]
+
+
