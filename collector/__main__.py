@@ -10,6 +10,7 @@ from agent import SCHEMA_VERSION
 from agent.store import now_iso, read_json, write_atomic, write_json
 
 from .load import load_run
+from .pull import pull
 from .report import render
 
 
@@ -71,6 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--suite")
     s.add_argument("--hosts", nargs="*", default=[])
     s.set_defaults(func=stamp)
+    u = sub.add_parser("pull", help="fetch a run's results from hosts through ansible-runner")
+    u.add_argument("-l", "--limit", required=True, help="hosts or groups, as for ansible-playbook -l")
+    u.add_argument("run_id", nargs="?", help="the run to fetch (default: the newest on each host)")
+    u.add_argument("-i", "--inventory", action="append", default=[], help="inventory (default: the project's)")
+    u.set_defaults(func=lambda a: pull(a.limit, a.run_id, a.inventory))
     args = p.parse_args(argv)
     return int(args.func(args))
 
