@@ -3,10 +3,11 @@ PYTHON ?= python3
 VENV := .venv
 ENGINE := .cache/engine-venv
 MODELS := .cache/models
+WHEELHOUSE := .cache/wheelhouse
 BIN := $(VENV)/bin
 PIP_ARGS ?=
 
-.PHONY: demo test unit integration lint venv engine models clean
+.PHONY: demo test unit integration lint venv engine models wheelhouse testhosts testhosts-down clean
 
 demo: venv engine models
 	$(BIN)/ansible-playbook bench.yml -l local $(if $(RUN_ID),-e run_id=$(RUN_ID))
@@ -44,6 +45,20 @@ models: $(MODELS)/.built
 $(MODELS)/.built: tools/build_tiny_models.py $(ENGINE)/.installed
 	$(ENGINE)/bin/python tools/build_tiny_models.py $(MODELS)
 	touch $@
+
+# Offline wheelhouse of the CPU engine, for hosts with no index (the test hosts).
+wheelhouse: $(WHEELHOUSE)/.complete
+$(WHEELHOUSE)/.complete: requirements-engine.txt $(ENGINE)/.installed
+	$(ENGINE)/bin/pip download -q $(PIP_ARGS) -r requirements-engine.txt pip setuptools wheel -d $(WHEELHOUSE)
+	touch $@
+
+# Two Debian hosts with systemd and SSH (systemd-nspawn, needs root), group `testhosts` of the inventory.
+testhosts: venv models wheelhouse
+	$(BIN)/python tests/hosts/testhosts.py up --count 2 --state .work/testhosts \
+		--bind-ro $(CURDIR)/$(MODELS):/opt/models --bind-ro $(CURDIR)/$(WHEELHOUSE):/wheelhouse
+
+testhosts-down:
+	$(BIN)/python tests/hosts/testhosts.py down --state .work/testhosts
 
 clean:
 	rm -rf .work results

@@ -6,11 +6,14 @@ one EnvironmentFile per instance; `server.log` is the journal of exactly this in
 """
 from __future__ import annotations
 
+import base64
+import json
 import os
 import re
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 from .server import POLL_S, StartupFailed, http_status, port_in_use, wait_until
 from .store import write_atomic
@@ -28,19 +31,17 @@ def instance_name(text: str) -> str:
 
 
 def env_file_text(argv: list[str], env: dict[str, str]) -> str:
-    """EnvironmentFile content: the environment, and the command as SPECFLEET_ARGV (split on spaces
-    by `ExecStart=/usr/bin/env $SPECFLEET_ARGV`, so no argument may contain whitespace)."""
-    for a in argv:
-        if not a or re.search(r"\s", a):
-            raise StartupFailed("bad_argument", f"argument {a!r} is empty or holds whitespace; the systemd "
-                                                f"backend passes the command through an EnvironmentFile")
+    """The EnvironmentFile of one config: its command and environment as base64 JSON in
+    SPECFLEET_LAUNCH, which the unit's launcher decodes and execs. No quoting rules of systemd
+    apply, so any argument or value (quotes, spaces, `$`) arrives unchanged."""
+    blob = base64.b64encode(json.dumps({"argv": argv, "env": env}).encode()).decode()
+    return f"SPECFLEET_LAUNCH={blob}\n"
 
-    def quote(v: str) -> str:
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("$", "$$") + '"'
 
-    lines = [f"{k}={quote(v)}" for k, v in sorted(env.items())]
-    lines.append(f"SPECFLEET_ARGV={quote(' '.join(argv))}")
-    return "\n".join(lines) + "\n"
+def decode_env_file(text: str) -> dict[str, Any]:
+    """The command and environment held by an env file (for tests and debugging)."""
+    blob = text.strip().split("=", 1)[1]
+    return json.loads(base64.b64decode(blob))
 
 
 class SystemdServer:
