@@ -12,14 +12,14 @@ PIP_ARGS ?=
 demo: venv engine models
 	$(BIN)/ansible-playbook bench.yml -l local $(if $(RUN_ID),-e run_id=$(RUN_ID))
 
-test: venv engine models
+test: venv engine models wheelhouse
 	$(BIN)/python -m pytest tests
 	$(MAKE) lint
 
 unit: venv
 	$(BIN)/python -m pytest tests/unit
 
-integration: venv engine models
+integration: venv engine models wheelhouse
 	$(BIN)/python -m pytest tests/integration
 
 lint: venv

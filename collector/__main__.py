@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     u.add_argument("-l", "--limit", required=True, help="hosts or groups, as for ansible-playbook -l")
     u.add_argument("run_id", nargs="?", help="the run to fetch (default: the newest on each host)")
     u.add_argument("-i", "--inventory", action="append", default=[], help="inventory (default: the project's)")
-    u.set_defaults(func=lambda a: pull(a.limit, a.run_id, a.inventory))
+    u.add_argument("--results", help="the controller's results folder (default: the project's results/)")
+    u.set_defaults(func=lambda a: pull(a.limit, a.run_id, a.inventory, a.results))
     args = p.parse_args(argv)
     return int(args.func(args))
 

@@ -30,7 +30,7 @@ def _show(event: dict[str, Any]) -> bool:
     return True
 
 
-def pull(limit: str, run_id: str | None, inventory: list[str]) -> int:
+def pull(limit: str, run_id: str | None, inventory: list[str], results: str | None = None) -> int:
     import ansible_runner
 
     bin_dir = str(Path(sys.executable).parent)
@@ -41,7 +41,9 @@ def pull(limit: str, run_id: str | None, inventory: list[str]) -> int:
         r = ansible_runner.run(
             private_data_dir=tmp, project_dir=str(ROOT), playbook=str(ROOT / "playbooks/pull.yml"),
             inventory=[str(Path(i).resolve()) for i in inventory] or [str(ROOT / "inventory/hosts.yml")],
-            limit=limit, extravars={"run_id": run_id} if run_id else {}, envvars=env, quiet=True,
+            limit=limit, extravars={**({"run_id": run_id} if run_id else {}),
+                                    **({"bench_controller_results": str(Path(results).resolve())} if results else {})},
+            envvars=env, quiet=True,
             event_handler=_show)
     print(f"pull {r.status} (rc {r.rc})")
     return int(r.rc or 0)

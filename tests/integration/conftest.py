@@ -33,14 +33,19 @@ class Bench:
         self.host_dir = tmp / "host"
         self.results = tmp / "results"
 
-    def vars_file(self, extra: dict[str, Any]) -> Path:
+    def vars_file(self, extra: dict[str, Any], local: bool) -> Path:
+        """Extra vars: this test's controller results folder and, on this machine, its own host folder
+        (remote hosts keep their default folder)."""
         path = self.tmp / f"vars-{len(list(self.tmp.glob('vars-*')))}.yml"
-        path.write_text(yaml.safe_dump({"bench_host_dir": str(self.host_dir),
-                                        "bench_controller_results": str(self.results), **extra}))
+        own = {"bench_controller_results": str(self.results)}
+        if local:
+            own["bench_host_dir"] = str(self.host_dir)
+        path.write_text(yaml.safe_dump({**own, **extra}))
         return path
 
     def command(self, extra: dict[str, Any], *args: str, limit: str = "local") -> list[str]:
-        return [str(BIN / "ansible-playbook"), "bench.yml", "-l", limit, "-e", f"@{self.vars_file(extra)}", *args]
+        return [str(BIN / "ansible-playbook"), "bench.yml", "-l", limit, "-e",
+                f"@{self.vars_file(extra, limit == 'local')}", *args]
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", "ANSIBLE_NOCOLOR": "1",

@@ -1,0 +1,140 @@
+"""The suite on two real hosts (systemd-nspawn machines with systemd and SSH) at once: systemd units,
+results pulled per host, a controller killed mid-config, and nothing left running afterwards."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from tests.hosts.testhosts import TestHosts
+
+from .conftest import BIN, ROOT, Bench
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="test hosts need root")
+HOSTS = ("th1", "th2")
+WHEELHOUSE = ROOT / ".cache/wheelhouse"
+
+
+@pytest.fixture(scope="module")
+def testhosts() -> Iterator[TestHosts]:
+    if not (WHEELHOUSE / ".complete").exists():
+        pytest.fail("the offline wheelhouse is missing: run `make wheelhouse` first")
+    th = TestHosts(ROOT / ".work/testhosts")  # the addresses of the inventory's testhosts group
+    try:
+        th.up(2, binds=[f"{ROOT / '.cache/models'}:/opt/models", f"{WHEELHOUSE}:/wheelhouse"], timeout=300)
+        for _attempt in ("install", "again"):
+            res = subprocess.run([str(BIN / "ansible-playbook"), "playbooks/engine.yml", "-l", "testhosts"],
+                                 cwd=ROOT, capture_output=True, text=True, timeout=900,
+                                 env={**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "ANSIBLE_NOCOLOR": "1"})
+            assert res.returncode == 0, res.stdout[-3000:]
+        # the second provisioning run changes nothing
+        assert re.search(r"th1\s+: ok=\d+\s+changed=0 ", res.stdout), res.stdout[-1500:]
+        assert re.search(r"th2\s+: ok=\d+\s+changed=0 ", res.stdout), res.stdout[-1500:]
+        yield th
+    finally:
+        th.down()
+
+
+def assert_clean(th: TestHosts) -> None:
+    """No unit instance, env file or engine process left, no engine port listening."""
+    for host in HOSTS:
+        units = th.ssh(host, "systemctl list-units --all --plain --no-legend 'specfleet-*@*'", check=False).stdout
+        assert not [u for u in units.splitlines() if " active " in f" {u} " or "activating" in u], (host, units)
+        assert th.ssh(host, "ls /etc/specfleet/units", check=False).stdout.strip() == "", host
+        assert th.ssh(host, "pgrep -f vllm.entrypoints", check=False).stdout.strip() == "", host
+        ports = th.ssh(host, "ss -Hltn", check=False).stdout
+        assert [line for line in ports.splitlines() if ":22 " not in line] == [], (host, ports)
+
+
+def statuses(results: Path, run: str) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(p.parent.parent.name, p.parent.name): json.loads(p.read_text())
+            for p in (results / run).glob("*/*/status.json")}
+
+
+def cells(results: Path, run: str) -> set[tuple[Any, ...]]:
+    rows = json.loads((results / run / "report.json").read_text())["rows"]
+    return {(r["host"], r["config_id"], r["workload"], r["max_tokens"], r["context_tokens"], r["concurrency"],
+             r["n"], r["status"]) for r in rows}
+
+
+def host_events(th: TestHosts, host: str, run: str) -> list[dict[str, Any]]:
+    out = th.ssh(host, f"cat /var/lib/specfleet/results/{run}/{host}/events.jsonl", check=False).stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def two_host_run(testhosts: TestHosts, tmp_path_factory: pytest.TempPathFactory) -> tuple[Bench, str]:
+    bench = Bench(tmp_path_factory.mktemp("two"))
+    t0 = time.monotonic()
+    res = bench.run({"run_id": "it-two"}, limit="testhosts", timeout=1200)
+    print(f"two hosts: {time.monotonic() - t0:.0f} s")
+    assert res.returncode == 0, res.stdout[-5000:]
+    return bench, res.stdout
+
+
+def test_suite_on_two_hosts_with_systemd(two_host_run: tuple[Bench, str], testhosts: TestHosts) -> None:
+    bench, out = two_host_run
+    run_dir = bench.results / "it-two"
+    for host in HOSTS:
+        assert f"{host}: [1/2] tp1-autoregressive" in out and f"{host}: [2/2] tp1-ngram-k2" in out
+        fp = json.loads((run_dir / host / "host.json").read_text())
+        assert fp["host"] == host and fp["hostname"] == host and fp["engine"]["version"] == "0.32.0"
+        for cid in ("tp1-autoregressive", "tp1-ngram-k2"):
+            status = json.loads((run_dir / host / cid / "status.json").read_text())
+            assert status["status"] == "ok", status
+            log = (run_dir / host / cid / "server.log").read_text()
+            # the journal of exactly this invocation: one start, one stop, the engine's own lines
+            assert log.count(f"Started specfleet-vllm@{cid}.service") == 1
+            assert "Application startup complete" in log and f"Stopped specfleet-vllm@{cid}.service" in log
+            rows = (run_dir / host / cid / "requests.jsonl").read_text().splitlines()
+            assert len(rows) == 24 and all(json.loads(r)["host"] == host for r in rows)
+    report = (run_dir / "report.md").read_text()
+    assert "## Across hosts" in report and "th1 tok_s" in report and "th2 speedup" in report
+    assert set(json.loads((run_dir / "run.json").read_text())["hosts"]) == set(HOSTS)
+    assert_clean(testhosts)
+
+
+def test_collector_pull_fetches_a_run(two_host_run: tuple[Bench, str], tmp_path: Path) -> None:
+    res = subprocess.run([sys.executable, "-m", "collector", "pull", "-l", "testhosts", "it-two", "--results",
+                          str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    assert "th1: Fetch the results to the controller: ok" in res.stdout
+    assert cells(tmp_path, "it-two") == cells(two_host_run[0].results, "it-two")
+
+
+def test_controller_killed_mid_config_then_rerun(two_host_run: tuple[Bench, str], testhosts: TestHosts,
+                                                tmp_path: Path) -> None:
+    run = "it-detached"
+    bench = Bench(tmp_path)
+    proc = subprocess.Popen(bench.command({"run_id": run}, limit="testhosts"), cwd=ROOT, env=bench.env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        end = time.monotonic() + 600
+        while not any(e["event"] == "config_ready" for e in host_events(testhosts, "th1", run)):
+            assert proc.poll() is None and time.monotonic() < end, "no config became ready"
+            time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGKILL)  # the controller dies in the middle of a config
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    # the suite goes on on the hosts without the controller
+    assert any(e["event"] == "config_start" for e in host_events(testhosts, "th2", run))
+    res = bench.run({"run_id": run}, limit="testhosts", timeout=1200)
+    assert res.returncode == 0, res.stdout[-5000:]
+    for host in HOSTS:
+        started = Counter(e["config_id"] for e in host_events(testhosts, host, run) if e["event"] == "config_start")
+        assert started == {"tp1-autoregressive": 1, "tp1-ngram-k2": 1}, (host, started)  # nothing ran twice
+    assert all(s["status"] == "ok" for s in statuses(bench.results, run).values())
+    # the same configs and cells as the uninterrupted run
+    assert cells(bench.results, run) == cells(two_host_run[0].results, "it-two")
+    assert_clean(testhosts)
