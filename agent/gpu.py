@@ -17,6 +17,8 @@ from typing import Any, Callable
 
 QUERY_FIELDS = "index,name,uuid,driver_version,memory.total,memory.used,memory.free,compute_cap"
 RELEASE_TOLERANCE_MIB = 1024
+# version-like fields stay strings ("575.51" is a driver, not a number)
+STRING_FIELDS = {"driver_version", "vbios_version", "name", "uuid", "pci.bus_id", "serial", "inforom.img"}
 
 
 def _clean(key: str) -> str:
@@ -41,7 +43,8 @@ def parse_query_csv(text: str, fields: str | None = None) -> list[dict[str, Any]
         header, rows = [_clean(h) for h in rows[0]], rows[1:]
     else:
         header = fields.split(",")
-    return [{h: _value(v) for h, v in zip(header, row)} for row in rows if len(row) == len(header)]
+    return [{h: (v.strip() if h in STRING_FIELDS else _value(v)) for h, v in zip(header, row)}
+            for row in rows if len(row) == len(header)]
 
 
 def parse_smi_xml(text: str) -> dict[str, Any]:

@@ -208,3 +208,11 @@ def test_wait_released_unreadable_smi_is_not_released() -> None:
     """If nvidia-smi stops answering while the GPU was known busy, the wait must not claim it is free."""
     ok, _ = wait_released({0: 0}, deadline_s=0.2, read=lambda: None, interval=0.05)
     assert ok is False
+
+
+def test_driver_versions_stay_strings() -> None:
+    """A two-part driver version such as 575.51 must not turn into a float."""
+    from agent.gpu import parse_query_csv
+
+    rows = parse_query_csv("index, driver_version, memory.used [MiB]\n0, 575.51, 3 MiB\n")
+    assert rows == [{"index": 0, "driver_version": "575.51", "memory.used": 3}]
