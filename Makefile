@@ -7,12 +7,12 @@ WHEELHOUSE := .cache/wheelhouse
 BIN := $(VENV)/bin
 PIP_ARGS ?=
 
-.PHONY: demo test unit integration lint venv engine models wheelhouse testhosts testhosts-down clean
+.PHONY: demo test unit integration lint venv engine models wheelhouse host-deps testhosts testhosts-down clean
 
 demo: venv engine models
 	$(BIN)/ansible-playbook bench.yml -l local $(if $(RUN_ID),-e run_id=$(RUN_ID))
 
-test: venv engine models wheelhouse
+test: host-deps venv engine models wheelhouse
 	$(BIN)/python -m pytest tests
 	$(MAKE) lint
 
@@ -45,6 +45,15 @@ models: $(MODELS)/.built
 $(MODELS)/.built: tools/build_tiny_models.py $(ENGINE)/.installed
 	$(ENGINE)/bin/python tools/build_tiny_models.py $(MODELS)
 	touch $@
+
+# Debian packages the host-level tests use (test hosts: debootstrap + systemd-nspawn; LXC passthrough).
+HOST_DEPS := debootstrap systemd-container lxc
+host-deps:
+	@missing=$$(for p in $(HOST_DEPS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+		else echo "missing Debian packages (tests that need them will skip): $$missing"; fi; \
+	fi
 
 # Offline wheelhouse of the CPU engine, for hosts with no index (the test hosts).
 wheelhouse: $(WHEELHOUSE)/.complete

@@ -6,6 +6,7 @@ import re
 # First match wins; patterns come from the engines' real error messages.
 PATTERNS: list[tuple[str, str]] = [
     ("seccomp", r"status=31/SYS"),
+    ("permission_denied", r"PermissionError|Permission denied"),
     ("oom", r"CUDA out of memory|OutOfMemoryError|torch\.OutOfMemoryError|Cannot allocate memory|"
             r"Not enough memory|insufficient memory|No available memory for the cache blocks"),
     ("cuda_graph", r"[Cc]apture [Cc][Uu][Dd][Aa] graph failed|CUDA graph capture"),

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import platform
 import re
@@ -70,6 +71,17 @@ def engine(name: str, python: str) -> dict[str, Any]:
             "commit": None if commit in ("", "-") else commit, "python": py or None}
 
 
+ENGINE_BUILD_RECORD = Path("/etc/specfleet/engine-patches.json")
+
+
+def engine_build() -> dict[str, Any] | None:
+    """What provisioning recorded of the engine build (source, ref, commit, applied patches)."""
+    try:
+        return json.loads(ENGINE_BUILD_RECORD.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def model_digest(path: str) -> str | None:
     """sha256 over config.json and the names and sizes of the weight files: cheap, and changes
     whenever the weights are swapped."""
@@ -101,7 +113,8 @@ def collect(plan: dict[str, Any]) -> dict[str, Any]:
         "cpu": cpu(),
         "memory_total_mib": memory_total_mib(),
         "gpus": gpus(),
-        "engine": {**engine(suite["engine"], suite["engine_python"]), "patches": suite.get("engine_patches", [])},
+        "engine": {**engine(suite["engine"], suite["engine_python"]), "patches": suite.get("engine_patches", []),
+                   "build": engine_build()},
         "agent_python": platform.python_version(),
         **models,
     }

@@ -70,6 +70,8 @@ def build(out: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(path, safe_serialization=True)
         fast.save_pretrained(path)
+        for f in path.iterdir():  # the weights are written 0600: services running as another user read them
+            f.chmod(0o644)
         print(f"built {path} ({sum(p.numel() for p in model.parameters())} parameters)")
 
 

@@ -138,3 +138,18 @@ def test_controller_killed_mid_config_then_rerun(two_host_run: tuple[Bench, str]
     # the same configs and cells as the uninterrupted run
     assert cells(bench.results, run) == cells(two_host_run[0].results, "it-two")
     assert_clean(testhosts)
+
+
+def test_model_unreadable_by_the_service_user_is_refused_before_start(testhosts: TestHosts, tmp_path: Path) -> None:
+    weights = ROOT / ".cache/models/target/model.safetensors"
+    mode = weights.stat().st_mode & 0o777
+    weights.chmod(0o600)  # as some tools write weights: readable by root only
+    try:
+        res = Bench(tmp_path).run({"run_id": "it-unreadable"}, limit="testhosts", timeout=600)
+    finally:
+        weights.chmod(mode)
+    assert res.returncode != 0
+    assert "/opt/models/target: not readable by specfleet: /opt/models/target/model.safetensors" in res.stdout
+    for host in HOSTS:
+        assert testhosts.ssh(host, "ls /var/lib/specfleet/results/it-unreadable", check=False).returncode != 0
+    assert_clean(testhosts)

@@ -22,3 +22,9 @@ from agent.classify import classify
 ])
 def test_reason(log: str, reason: str) -> None:
     assert classify(log, "crashed") == reason
+
+
+def test_unreadable_weights_and_seccomp() -> None:
+    assert classify("PermissionError: [Errno 13] Permission denied: '/opt/models/target/model.safetensors'",
+                    "crashed") == "permission_denied"
+    assert classify("Main process exited, code=killed, status=31/SYS", "crashed") == "seccomp"
