@@ -10,13 +10,23 @@ import tarfile
 import uuid
 from pathlib import Path
 
+from . import secrets
 from .server import become_subreaper
 from .store import now_iso, write_json
 from .suite import Suite
 
 
+def load_plan(path: Path) -> dict:
+    """The plan with its secrets resolved in memory; the file keeps placeholders only from here on."""
+    plan = json.loads(path.read_text())
+    values = plan.pop("secrets", None) or {}
+    if values:
+        write_json(path, plan)  # atomic, mode 0600: the secrets leave the disk before anything runs
+    return secrets.resolve(plan, values)
+
+
 def run(args: argparse.Namespace) -> int:
-    plan = json.loads(Path(args.plan).read_text())
+    plan = load_plan(Path(args.plan))
     root = Path(args.results) / plan["run_id"]
     host_dir = root / plan["host"]
     host_dir.mkdir(parents=True, exist_ok=True)

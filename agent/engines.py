@@ -91,6 +91,13 @@ class Engine:
         cmd += self.spec_args(cfg["method"], cfg["method_params"], cfg.get("draft_model"))
         return cmd
 
+    def auth(self, api_key: str) -> tuple[list[str], dict[str, str]]:
+        """Arguments and environment that make the server require `api_key` (vLLM reads it from its
+        environment, which it does not log; SGLang only takes the flag, redacted in every record)."""
+        if self.name == "vllm":
+            return [], {"VLLM_API_KEY": api_key}
+        return ["--api-key", api_key], {}
+
     def help_command(self, python: str) -> list[str]:
         return [python, "-m", self.module, "--help"]
 

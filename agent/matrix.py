@@ -6,11 +6,14 @@ checks use jsonschema (controller only); cross-field checks are plain code.
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 from typing import Any, Iterable
 
 from . import workloads
 from .engines import ENGINES
+from .secrets import PLACEHOLDER
+from .store import SECRET_KEY
 
 METHODS = ("autoregressive", "ngram", "draft_model", "eagle", "eagle3", "mtp", "dflash", "ddtree")
 NEEDS_DRAFT = ("draft_model", "eagle", "eagle3", "dflash", "ddtree")
@@ -71,6 +74,8 @@ SCHEMA = {
         "draft_model": {"oneOf": [_model, {"type": "null"}]},
         "gpu_count": {"type": "integer", "minimum": 0},
         "bind_host": {"type": "string", "minLength": 1},
+        "port": {"type": "integer", "minimum": 0, "maximum": 65535},
+        "api_key": {"type": ["string", "null"]},
         "server_args": _str_list,
         "env": _env,
         "sampling": {"type": "object", "additionalProperties": False, "properties": {
@@ -120,7 +125,11 @@ def _schema_errors(suite: dict[str, Any]) -> list[str]:
     msgs = []
     for err in sorted(validator.iter_errors(suite), key=lambda e: list(map(str, e.absolute_path))):
         where = _path(err.absolute_path)
-        if err.validator == "enum":
+        parts = list(err.absolute_path)
+        if "api_key" in parts or any(a == "env" and isinstance(b, str) and SECRET_KEY.search(b)
+                                     for a, b in zip(parts, parts[1:])):
+            msgs.append(f"{where}: should be of type {err.schema.get('type', 'string')} (value not shown: secret)")
+        elif err.validator == "enum":
             msgs.append(f"{where}: {err.instance!r} is not one of {', '.join(map(str, err.validator_value))}")
         elif err.validator == "additionalProperties":
             allowed = ", ".join(sorted(err.schema.get("properties", {})))
@@ -154,11 +163,26 @@ def method_params(cfg: dict[str, Any]) -> dict[str, Any]:
     return {k: cfg[k] for k in keys if k in cfg}
 
 
+def is_loopback(host: str) -> bool:
+    """Whether an address (or `localhost`) is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def validate(suite: dict[str, Any], phases: list[str] | None = None) -> None:
     """Raise MatrixError listing every problem, each naming its field."""
     errors = _schema_errors(suite)
     if errors:
         raise MatrixError("\n".join(errors))
+    bind = suite.get("bind_host", "127.0.0.1")
+    key = suite.get("api_key") or ""
+    if not is_loopback(bind) and len(key) < 16 and not PLACEHOLDER.fullmatch(key):
+        errors.append(f"{PREFIX}api_key: servers bound to {bind} are reachable from the network and need an API "
+                      f"key of at least 16 characters (keep it in a vault); or set {PREFIX}bind_host: 127.0.0.1")
     engine = ENGINES[suite["engine"]]
     known = set(workloads.known()) | set(suite.get("workloads", {}))
     gpus = suite.get("gpu_count", 0)
@@ -265,6 +289,10 @@ def expand(suite: dict[str, Any], phases: list[str] | None = None) -> list[dict[
             }
             resolved["command"] = engine.launch_command(suite["engine_python"], resolved,
                                                         suite.get("bind_host", "127.0.0.1"))
+            if suite.get("api_key"):
+                argv, env = engine.auth(suite["api_key"])
+                resolved["command"] += argv
+                resolved["env"].update(env)
             resolved["requests"] = sum(c["concurrency"] * c["repetitions"] for c in cells)
             resolved["estimate_s"] = round(est["startup_s"] + sum(
                 c["repetitions"] * (c["max_tokens"] / est["tok_s"] * (1 + 0.25 * (c["concurrency"] - 1))

@@ -65,10 +65,16 @@ def wait_until(cond: Callable[[], bool], deadline_s: float, interval: float = PO
         time.sleep(interval)
 
 
-def http_status(port: int, path: str, host: str = "127.0.0.1", timeout: float = 5.0) -> int | None:
+def connect_host(bind_host: str) -> str:
+    """Where the client reaches a server bound to `bind_host` (a wildcard bind is reached on loopback)."""
+    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(bind_host, bind_host)
+
+
+def http_status(port: int, path: str, host: str = "127.0.0.1", timeout: float = 5.0,
+                headers: dict[str, str] | None = None) -> int | None:
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
-        conn.request("GET", path)
+        conn.request("GET", path, headers=headers or {})
         resp = conn.getresponse()
         resp.read()
         return resp.status
@@ -82,8 +88,9 @@ class ProcessServer:
     """The engine as a child process group of the agent."""
 
     def __init__(self, argv: list[str], env: dict[str, str], log_path: Path, port: int,
-                 host: str = "127.0.0.1") -> None:
+                 host: str = "127.0.0.1", headers: dict[str, str] | None = None) -> None:
         self.argv, self.env, self.log_path, self.port, self.host = argv, env, log_path, port, host
+        self.headers = headers or {}
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -118,7 +125,11 @@ class ProcessServer:
             if not self.alive():
                 code = self.proc.returncode if self.proc else None
                 raise StartupFailed("crashed", f"server exited with code {code} during startup")
-            if http_status(self.port, health_path, self.host, timeout=2.0) == 200:
+            if http_status(self.port, health_path, self.host, 2.0, self.headers) == 200:
+                holders = listener_pids(self.port)
+                if holders and not any(_pgid(p) == self.proc.pid for p in holders):
+                    raise StartupFailed("port_in_use", f"port {self.port} answers, but from pid(s) "
+                                                       f"{sorted(holders)}, not this server")
                 return time.monotonic() - t0
             if time.monotonic() >= end:
                 raise StartupFailed("health_timeout", f"{health_path} not 200 within {deadline_s:.0f} s")
@@ -130,6 +141,7 @@ class ProcessServer:
             return
         pgid = self.proc.pid
         _signal_group(pgid, signal.SIGTERM)
+        _signal_group(pgid, signal.SIGCONT)  # a stopped (frozen) server handles the SIGTERM only once resumed
         try:
             self.proc.wait(timeout=deadline_s)
         except subprocess.TimeoutExpired:
@@ -142,6 +154,39 @@ class ProcessServer:
                 raise RuntimeError(f"process group {pgid} survived SIGKILL")
         if not wait_until(lambda: not port_in_use(self.port, self.host), 30):
             raise RuntimeError(f"port {self.port} still in use after the server stopped")
+
+
+def listener_pids(port: int) -> set[int]:
+    """Processes holding a listening TCP socket on `port` (from /proc; those this user can see)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{f[9]}]")
+    pids = set()
+    if not inodes:
+        return pids
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            for fd in fd_dir.iterdir():
+                if os.readlink(fd) in inodes:
+                    pids.add(int(fd_dir.parent.name))
+                    break
+        except OSError:
+            continue
+    return pids
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
 
 
 def _signal_group(pgid: int, sig: int) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 from . import client, fingerprint, gpu, workloads
 from .classify import classify, tail
 from .engines import ENGINES, PORT, Engine
-from .server import Backend, ProcessServer, StartupFailed, free_port
+from .server import Backend, ProcessServer, StartupFailed, connect_host, free_port, http_status
 from .store import (
     HostStore,
     now_iso,
@@ -50,8 +50,10 @@ def engine_flags(engine: Engine, python: str, env: dict[str, str]) -> set[str]:
 
 
 def config_digest(cfg: dict[str, Any]) -> str:
-    """Identifies what a config measures; a kept result must have been made by the same config."""
+    """Identifies what a config measures; a kept result must have been made by the same config
+    (secrets aside: a new token does not invalidate a result)."""
     keep = {k: v for k, v in cfg.items() if k not in ("estimate_s", "timeouts")}
+    keep.update(env=redact_env(cfg.get("env", {})), command=redact_argv(cfg.get("command", [])))
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -78,6 +80,10 @@ class Suite:
         self.engine_info: dict[str, Any] = {}
         self.idle_gpu: dict[int, int] = {}
         self.timed_s = 0.0
+        self.bind_host = self.suite.get("bind_host", "127.0.0.1")
+        self.connect = connect_host(self.bind_host)
+        self.api_key = self.suite.get("api_key") or ""
+        self.headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> int:
@@ -168,7 +174,7 @@ class Suite:
         return st
 
     def run_config(self, cfg: dict[str, Any]) -> dict[str, Any]:
-        self.secrets = secret_values(cfg["env"], cfg["command"])
+        self.secrets = secret_values(cfg["env"], cfg["command"]) + ([self.api_key] if self.api_key else [])
         started_at = now_iso()
         t0 = time.monotonic()
         self.timed_s = 0.0
@@ -194,7 +200,7 @@ class Suite:
                                 f"GPU memory still in use before start (MiB used {now}, idle {self.idle_gpu})",
                                 started_at=started_at)
         d = self._prepare_dir(cfg["config_id"])
-        port = free_port(self.suite.get("bind_host", "127.0.0.1"))
+        port = self.suite.get("port") or free_port(self.bind_host)
         argv = [str(port) if a == PORT else a for a in cfg["command"]]
         server = self._server(cfg, argv, env, d / "server.log", port)
         rows: list[dict[str, Any]] = []
@@ -233,8 +239,9 @@ class Suite:
 
     def _server(self, cfg: dict[str, Any], argv: list[str], env: dict[str, str], log: Path, port: int) -> Backend:
         if self.suite.get("backend") == "systemd":
-            return SystemdServer(self.engine.name, cfg["config_id"], argv, cfg["env"], log, port)
-        return ProcessServer(argv, env, log, port)
+            return SystemdServer(self.engine.name, cfg["config_id"], argv, cfg["env"], log, port, host=self.connect,
+                                 headers=self.headers)
+        return ProcessServer(argv, env, log, port, host=self.connect, headers=self.headers)
 
     # -- requests ---------------------------------------------------------------------------
     def _prompts(self, cfg: dict[str, Any], port: int) -> dict[tuple[str, int], str | list[int]]:
@@ -250,7 +257,8 @@ class Suite:
             if cell["context_tokens"] == 0:
                 out[key] = text
                 continue
-            q = client.post_json(port, "/tokenize", {"model": name, "prompt": text}, 60)["tokens"]
+            q = client.post_json(port, "/tokenize", {"model": name, "prompt": text}, 60, self.connect,
+                                 self.headers)["tokens"]
             need = cell["context_tokens"] - len(q)
             if need < 0:
                 raise PromptError(f"context_tokens {cell['context_tokens']} is shorter than the "
@@ -258,7 +266,8 @@ class Suite:
             while len(filler) < need:
                 reps = 1 + need // 64
                 filler = client.post_json(port, "/tokenize", {"model": name, "prompt": workloads.FILLER * reps,
-                                                              "add_special_tokens": False}, 120)["tokens"]
+                                                              "add_special_tokens": False}, 120, self.connect,
+                                          self.headers)["tokens"]
             out[key] = filler[:max(need, 0)] + q
         return out
 
@@ -272,7 +281,8 @@ class Suite:
             body = self.engine.request(cfg["model"]["name"], prompt, max_tokens, cfg["sampling"],
                                        salt=f"{tag}-{slot}-{uuid.uuid4().hex[:8]}")
             gate.wait()
-            return {"slot": slot, "started_at": now_iso(), **client.stream(self.engine, port, body, deadline)}
+            return {"slot": slot, "started_at": now_iso(),
+                    **client.stream(self.engine, port, body, deadline, self.connect, self.headers)}
 
         t0 = time.monotonic()
         with ThreadPoolExecutor(max_workers=n) as pool:
@@ -308,6 +318,12 @@ class Suite:
                     log = tail(server.log_text(), 120)
                     return rows, "failed", classify(log, "crashed"), \
                         f"server {server.exit_detail()} during timed requests ({len(rows)} requests recorded)"
+                late = [r for r in rows[-cell["concurrency"]:]
+                        if not r["ok"] and ("timed out" in str(r["error"]) or "deadline" in str(r["error"]))]
+                if late and http_status(port, self.engine.health_path, self.connect, 10.0, self.headers) != 200:
+                    return rows, "failed", "request_timeout", \
+                        f"request deadline of {cfg['timeouts']['request_s']:g} s passed and the server no longer " \
+                        f"answers {self.engine.health_path} (hung); {len(rows)} requests recorded"
         if not any(r["ok"] for r in rows):
             errors = sorted({str(r["error"]) for r in rows})[:3]
             return rows, "failed", "requests_failed", f"no request succeeded: {'; '.join(errors)}"

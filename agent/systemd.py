@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .server import POLL_S, StartupFailed, http_status, port_in_use, wait_until
+from .server import POLL_S, StartupFailed, http_status, listener_pids, port_in_use, wait_until
 from .store import write_atomic
 
 UNIT_DIR_ENV = Path("/etc/specfleet/units")
@@ -48,10 +48,12 @@ class SystemdServer:
     """One config as `specfleet-<engine>@<instance>.service`."""
 
     def __init__(self, engine: str, instance: str, argv: list[str], env: dict[str, str], log_path: Path,
-                 port: int, host: str = "127.0.0.1", env_dir: Path = UNIT_DIR_ENV) -> None:
+                 port: int, host: str = "127.0.0.1", env_dir: Path = UNIT_DIR_ENV,
+                 headers: dict[str, str] | None = None) -> None:
         self.unit = f"specfleet-{engine}@{instance_name(instance)}.service"
         self.env_path = env_dir / f"{instance_name(instance)}.env"
         self.argv, self.env, self.log_path, self.port, self.host = argv, env, log_path, port, host
+        self.headers = headers or {}
         self.invocation: str | None = None
         self.pid: int | None = None
 
@@ -92,7 +94,11 @@ class SystemdServer:
                                                f"({state.get('Result')}, exit status {state.get('ExecMainStatus')}) "
                                                f"during startup")
             self.pid = int(state.get("MainPID") or 0) or self.pid
-            if http_status(self.port, health_path, self.host, timeout=2.0) == 200:
+            if http_status(self.port, health_path, self.host, 2.0, self.headers) == 200:
+                holders = listener_pids(self.port)
+                if holders and not any(self.unit in _cgroup(p) for p in holders):
+                    raise StartupFailed("port_in_use", f"port {self.port} answers, but from pid(s) "
+                                                       f"{sorted(holders)}, not {self.unit}")
                 return time.monotonic() - t0
             if time.monotonic() >= end:
                 raise StartupFailed("health_timeout", f"{health_path} not 200 within {deadline_s:.0f} s")
@@ -132,6 +138,13 @@ class SystemdServer:
             except FileNotFoundError:
                 pass
             _systemctl("reset-failed", self.unit)
+
+
+def _cgroup(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return ""
 
 
 def leftover_units(engine: str) -> list[str]:

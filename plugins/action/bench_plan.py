@@ -14,7 +14,7 @@ from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from agent import matrix  # noqa: E402
+from agent import matrix, secrets  # noqa: E402
 from agent.store import redact_argv, redact_env  # noqa: E402
 
 display = Display()
@@ -66,15 +66,17 @@ class ActionModule(ActionBase):
         if isinstance(phases, str):
             phases = [p.strip() for p in phases.split(",") if p.strip()]
         host = (task_vars or {}).get("inventory_hostname", "?")
+        hidden, _ = secrets.split(suite)  # configs and this result never hold a secret
         try:
-            configs = matrix.expand(suite, phases)
+            matrix.validate(suite, phases)
+            configs = matrix.expand(hidden, phases)
         except matrix.MatrixError as exc:
             result.update(failed=True, msg=f"invalid benchmark matrix for {host}:\n{exc}")
             return result
         lines = describe(host, configs)
         if args.get("show"):
             display.display("\n".join(lines))
-        result.update(changed=False, configs=configs, plan_lines=lines,
+        result.update(changed=False, configs=configs, suite=hidden, plan_lines=lines,
                       requests=sum(c["requests"] for c in configs),
                       estimate_s=sum(c["estimate_s"] for c in configs))
         return result

@@ -1,0 +1,20 @@
+"""Filter `bench_secrets`: the {placeholder: value} map of a suite's secrets, for the no_log task that
+writes the plan on the host. The `bench_plan` action replaces the same values with the same
+placeholders (agent.secrets.split), so no other task result ever holds a secret."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from agent import secrets  # noqa: E402
+
+
+def bench_secrets(suite: dict[str, Any]) -> dict[str, str]:
+    return secrets.split(suite)[1]
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Callable[..., Any]]:
+        return {"bench_secrets": bench_secrets}
