@@ -1,6 +1,6 @@
 """The benchmark matrix: validation (naming the offending field) and expansion into configs.
 
-The controller validates the `specfleet_*` variables of each host with `validate()` before any
+The controller validates the `bench_*` variables of each host with `validate()` before any
 server starts, and `expand()` turns them into the ordered config list the agent runs. Schema
 checks use jsonschema (controller only); cross-field checks are plain code.
 """
@@ -20,6 +20,8 @@ NEEDS_DRAFT = ("draft_model", "eagle", "eagle3", "dflash", "ddtree")
 NEEDS_K = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
 PREFIX = "bench_"
 
+_NAME = "^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+_NAME_TEXT = "letters, digits, '.', '_' and '-', starting with a letter or digit"
 _pos_int = {"type": "integer", "minimum": 1}
 _int_list = {"type": "array", "minItems": 1, "items": _pos_int, "uniqueItems": True}
 _str_list = {"type": "array", "items": {"type": "string"}}
@@ -29,11 +31,13 @@ _model = {
     "properties": {"name": {"type": "string", "minLength": 1}, "path": {"type": "string", "minLength": 1},
                    "revision": {"type": ["string", "null"]}, "max_model_len": _pos_int},
 }
+# The conditions apply to mappings that name a method; anything else is reported by type/required.
+_has_method = {"type": "object", "required": ["method"]}
 _config = {
     "type": "object", "required": ["method"], "additionalProperties": False,
     "properties": {
         "method": {"enum": list(METHODS)},
-        "id": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]*$"},
+        "id": {"type": "string", "pattern": _NAME},
         "num_speculative_tokens": {"type": "integer", "minimum": 1, "maximum": 64},
         "budget": {"type": "integer", "minimum": 1, "maximum": 1024},
         "block_size": {"type": "integer", "minimum": 2, "maximum": 64},
@@ -42,10 +46,10 @@ _config = {
         "draft_model": _model, "server_args": _str_list, "env": _env,
     },
     "allOf": [
-        {"if": {"properties": {"method": {"const": "ddtree"}}}, "then": {"required": ["budget"]}},
-        {"if": {"properties": {"method": {"enum": list(NEEDS_K)}}},
+        {"if": {**_has_method, "properties": {"method": {"const": "ddtree"}}}, "then": {"required": ["budget"]}},
+        {"if": {**_has_method, "properties": {"method": {"enum": list(NEEDS_K)}}},
          "then": {"required": ["num_speculative_tokens"]}},
-        {"if": {"properties": {"method": {"not": {"const": "ddtree"}}}},
+        {"if": {**_has_method, "properties": {"method": {"enum": [m for m in METHODS if m != "ddtree"]}}},
          "then": {"not": {"required": ["budget"]}}},
     ],
 }
@@ -65,13 +69,15 @@ _sweep = {
 SCHEMA = {
     "type": "object",
     "required": ["engine", "engine_python", "model", "phases"],
+    "additionalProperties": False,
     "properties": {
         "suite_name": {"type": "string"},
         "engine": {"enum": sorted(ENGINES)},
         "backend": {"enum": ["process", "systemd"]},
         "engine_python": {"type": "string", "minLength": 1},
+        "engine_patches": {"type": "array"},
         "model": _model,
-        "draft_model": {"oneOf": [_model, {"type": "null"}]},
+        "draft_model": {**_model, "type": ["object", "null"]},
         "gpu_count": {"type": "integer", "minimum": 0},
         "bind_host": {"type": "string", "minLength": 1},
         "port": {"type": "integer", "minimum": 0, "maximum": 65535},
@@ -94,7 +100,7 @@ SCHEMA = {
             "items": {
                 "type": "object", "required": ["name", "configs", "sweeps"], "additionalProperties": False,
                 "properties": {
-                    "name": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]*$"},
+                    "name": {"type": "string", "pattern": _NAME},
                     "tp": _pos_int,
                     "server_args": _str_list,
                     "env": _env,
@@ -118,28 +124,169 @@ def _path(parts: Iterable[Any]) -> str:
     return out or "(top level)"
 
 
-def _schema_errors(suite: dict[str, Any]) -> list[str]:
+_TYPE_WORDS = {"integer": "an integer", "number": "a number", "string": "a string", "boolean": "a boolean",
+               "array": "a list", "object": "a mapping", "null": "null"}
+
+
+def _type_of(value: Any) -> str:
+    """The JSON type of a value, in words: `a string`, `a list`, `a mapping`, ..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "a list" if isinstance(value, list) else "a mapping" if isinstance(value, dict) else type(value).__name__
+
+
+def _or(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
+def _range(schema: dict[str, Any]) -> str:
+    lo, hi = schema.get("minimum"), schema.get("maximum")
+    if "exclusiveMinimum" in schema:
+        return f" > {schema['exclusiveMinimum']}"
+    if lo is not None and hi is not None:
+        return f" from {lo} to {hi}"
+    if lo is not None:
+        return f" >= {lo}"
+    return f" <= {hi}" if hi is not None else ""
+
+
+def allowed(schema: dict[str, Any]) -> str:
+    """What a schema accepts, in words: `an integer from 1 to 1024`, `one of vllm, sglang`, ..."""
+    if "enum" in schema:
+        return "one of " + ", ".join(map(str, schema["enum"]))
+    types = schema.get("type", [])
+    types = [types] if isinstance(types, str) else list(types)
+    words = []
+    for t in types:
+        if t in ("integer", "number"):
+            words.append(_TYPE_WORDS[t] + _range(schema))
+        elif t == "string" and schema.get("pattern") == _NAME:
+            words.append(f"a name of {_NAME_TEXT}")
+        elif t == "string" and schema.get("minLength"):
+            words.append("a non-empty string")
+        elif t == "array":
+            n = schema.get("minItems", 0)
+            what = "a list" + (f" of at least {n} item{'s' if n > 1 else ''}" if n else "")
+            if schema.get("uniqueItems"):
+                what += ", no repeats"
+            if isinstance(schema.get("items"), dict) and "type" in schema["items"]:
+                what += f", each {allowed(schema['items'])}"
+            words.append(what)
+        elif t == "object" and "properties" in schema and schema.get("additionalProperties") is False:
+            req = schema.get("required", [])
+            words.append("a mapping with keys " + ", ".join(sorted(schema["properties"]))
+                         + (f" ({', '.join(req)} required)" if req else ""))
+        elif t == "object" and isinstance(schema.get("additionalProperties"), dict):
+            words.append(f"a mapping of names to {allowed(schema['additionalProperties'])}")
+        else:
+            words.append(_TYPE_WORDS.get(t, t))
+    return _or(words) if words else "see the role's argument specs"
+
+
+def _is_secret(parts: list[Any]) -> bool:
+    """Whether the value at this path may hold a secret (API key, env of servers, launch arguments)."""
+    if "api_key" in parts or "server_args" in parts:
+        return True
+    for i, p in enumerate(parts):
+        if p == "env":
+            key = parts[i + 1] if i + 1 < len(parts) else None
+            return key is None or not isinstance(key, str) or bool(SECRET_KEY.search(key))
+    return False
+
+
+def _shown(value: Any, secret: bool) -> str:
+    """A value as a message may show it: scalars by repr (shortened), lists and mappings by type."""
+    if secret:
+        return f"{_type_of(value)} (value not shown: may be a secret)"
+    if isinstance(value, (list, dict)):
+        return _type_of(value) if value else repr(value)
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _quoted_number(value: Any, types: list[str]) -> bool:
+    if not isinstance(value, str) or not {"integer", "number", "boolean"} & set(types):
+        return False
+    if value.strip().lower() in ("true", "false", "yes", "no"):
+        return "boolean" in types
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _format(err: Any) -> list[str]:
+    """One or more messages for a jsonschema error, each naming its field and what is allowed."""
+    parts = list(err.absolute_path)
+    where = _path(parts)
+    secret = _is_secret(parts)
+    inst, schema, kind = err.instance, err.schema, err.validator
+    if kind == "type":
+        types = [err.validator_value] if isinstance(err.validator_value, str) else list(err.validator_value)
+        msg = (f"{where}: {_shown(inst, secret)} is not of type {_or([repr(t) for t in types])}; "
+               f"allowed: {allowed(schema)}")
+        if _quoted_number(inst, types) and not secret:
+            msg += " (a quoted string: write it unquoted in YAML"
+            if len(parts) == 1:  # `-e bench_x=2` gives the string '2'
+                msg += f"; on the command line pass JSON: -e '{{\"{PREFIX}{parts[0]}\": {inst}}}'"
+            msg += ")"
+        return [msg]
+    if kind == "enum":
+        return [f"{where}: {_shown(inst, secret)} is not one of {', '.join(map(str, err.validator_value))}"]
+    if kind == "required":
+        missing = [k for k in err.validator_value if isinstance(inst, dict) and k not in inst]
+        cond = ""
+        if "then" in list(err.schema_path) and isinstance(inst, dict):
+            cond = f" for method {inst.get('method')}"
+        props = schema.get("properties") or {}
+        if not props and "then" in list(err.schema_path):
+            props = _config["properties"]
+        return [f"{_path([*parts, k])}: is required{cond}; allowed: {allowed(props.get(k, {}))}" for k in missing]
+    if kind == "additionalProperties":
+        names = sorted(schema.get("properties", {}))
+        extra = [k for k in inst if k not in names] if isinstance(inst, dict) else []
+        if not parts:
+            return [f"{PREFIX}{k}: not a variable of the matrix; allowed: "
+                    + ", ".join(PREFIX + n for n in names) for k in extra]
+        return [f"{_path([*parts, k])}: unknown key; allowed keys: {', '.join(names)}" for k in extra]
+    if kind == "not" and isinstance(inst, dict) and inst.get("budget") is not None:
+        return [f"{where}.budget: only method ddtree takes a budget (this config's method is "
+                f"{inst.get('method')!r}); remove it or use method ddtree"]
+    if kind in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        return [f"{where}: {err.message}; allowed: {allowed(schema)}"]
+    if kind == "minItems":
+        n = err.validator_value
+        return [f"{where}: {_shown(inst, secret)} should be non-empty (at least {n} item{'s' if n > 1 else ''})"]
+    if kind == "minLength":
+        return [f"{where}: {_shown(inst, secret)} should be non-empty (at least {err.validator_value} character)"]
+    if kind == "pattern":
+        text = _NAME_TEXT if err.validator_value == _NAME else f"a string matching {err.validator_value}"
+        return [f"{where}: {_shown(inst, secret)} is not a valid name; allowed: {text}"]
+    if kind == "uniqueItems" and isinstance(inst, list):
+        dup = next((v for i, v in enumerate(inst) if v in inst[:i]), None)
+        return [f"{where}: {_shown(dup, secret)} appears more than once; allowed: {allowed(schema)}"]
+    text = err.message if len(err.message) <= 200 and not secret else f"invalid ({kind})"
+    return [f"{where}: {text}; allowed: {allowed(schema)}"]
+
+
+def _schema_errors(suite: Any) -> list[str]:
     import jsonschema
 
     validator = jsonschema.Draft202012Validator(SCHEMA)
-    msgs = []
+    msgs: list[str] = []
     for err in sorted(validator.iter_errors(suite), key=lambda e: list(map(str, e.absolute_path))):
-        where = _path(err.absolute_path)
-        parts = list(err.absolute_path)
-        if "api_key" in parts or any(a == "env" and isinstance(b, str) and SECRET_KEY.search(b)
-                                     for a, b in zip(parts, parts[1:])):
-            msgs.append(f"{where}: should be of type {err.schema.get('type', 'string')} (value not shown: secret)")
-        elif err.validator == "enum":
-            msgs.append(f"{where}: {err.instance!r} is not one of {', '.join(map(str, err.validator_value))}")
-        elif err.validator == "additionalProperties":
-            allowed = ", ".join(sorted(err.schema.get("properties", {})))
-            msgs.append(f"{where}: {err.message}; allowed keys: {allowed}")
-        elif err.validator == "not" and err.instance.get("budget") is not None:
-            msgs.append(f"{where}.budget: only method ddtree takes a budget")
-        elif err.validator == "required":
-            msgs.append(f"{where}: {err.message}")
-        else:
-            msgs.append(f"{where}: {err.message}")
+        for msg in _format(err):
+            if msg not in msgs:
+                msgs.append(msg)
     return msgs
 
 
@@ -192,8 +339,10 @@ def validate(suite: dict[str, Any], phases: list[str] | None = None) -> None:
     names = [p["name"] for p in suite["phases"]]
     for i, phase in enumerate(suite["phases"]):
         where = f"{PREFIX}phases[{i}]"
-        if names.count(phase["name"]) > 1:
-            errors.append(f"{where}.name: duplicate phase name {phase['name']!r}")
+        first = names.index(phase["name"])
+        if first < i:
+            errors.append(f"{where}.name: duplicate phase name {phase['name']!r} (also {PREFIX}phases[{first}]); "
+                          f"allowed: a name no other phase has (phase names are config id prefixes)")
         tp = phase.get("tp", 1)
         if tp > max_tp:
             errors.append(f"{where}.tp: {tp} is above the host's GPU count ({gpus}); allowed 1..{max_tp}")
@@ -207,12 +356,14 @@ def validate(suite: dict[str, Any], phases: list[str] | None = None) -> None:
                 errors.append(f"{cw}.draft_model: method {cfg['method']} needs a draft model "
                               f"(set {PREFIX}draft_model or the config's draft_model)")
             cid = f"{phase['name']}-{label(cfg)}"
-            if cid in seen_ids:
+            if cid in seen_ids and first == i:  # a duplicate phase name is reported once, above
                 errors.append(f"{cw}: duplicate config id {cid!r} (also {seen_ids[cid]}); set a distinct `id`")
             seen_ids.setdefault(cid, cw)
             labels.append(label(cfg))
         if "autoregressive" not in [c["method"] for c in phase["configs"]]:
-            errors.append(f"{where}.configs: every phase needs an autoregressive baseline config")
+            errors.append(f"{where}.configs: every phase needs an autoregressive baseline config; add "
+                          f"{{method: autoregressive}} (methods now: "
+                          f"{', '.join(sorted({c['method'] for c in phase['configs']}))})")
         for j, sweep in enumerate(phase["sweeps"]):
             sw = f"{where}.sweeps[{j}]"
             for k, w in enumerate(sweep["workloads"]):
@@ -224,10 +375,13 @@ def validate(suite: dict[str, Any], phases: list[str] | None = None) -> None:
                                   f"allowed: {', '.join(labels)}")
             if max_len:
                 out_len = max(sweep.get("max_tokens", suite.get("max_tokens", [256])))
-                longest = max(sweep.get("context_tokens", [0])) + out_len
-                if longest > max_len:
-                    errors.append(f"{sw}.context_tokens: context + max_tokens = {longest} exceeds the model's "
-                                  f"max_model_len {max_len}")
+                context = max(sweep.get("context_tokens", [0]))
+                if context + out_len > max_len:
+                    field = (f"{sw}.context_tokens" if context else f"{sw}.max_tokens" if "max_tokens" in sweep
+                             else f"{PREFIX}max_tokens")
+                    errors.append(f"{field}: context + max_tokens = {context + out_len} exceeds the model's "
+                                  f"max_model_len {max_len} (context {context}, max_tokens {out_len}); "
+                                  f"allowed: context_tokens + max_tokens <= {max_len} ({PREFIX}model.max_model_len)")
     for p in phases or []:
         if p not in names:
             errors.append(f"phases: unknown phase {p!r}; allowed: {', '.join(names)}")

@@ -1,0 +1,330 @@
+"""A corpus of malformed matrices: each is rejected by `validate` and `expand` with a message that names the
+field (its full `bench_*` path) and what is allowed there, on the same line."""
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Optional
+
+import pytest
+
+from agent import matrix
+
+SECRET = "hf_PlantedSecretValue0123456789"
+
+Mutation = Callable[[dict[str, Any]], Any]
+
+
+def base() -> dict[str, Any]:
+    """A valid suite touching every level: suite, phase, config, sweep, model, sampling, timeouts."""
+    return {
+        "suite_name": "corpus", "engine": "sglang", "backend": "process", "engine_python": "/py", "gpu_count": 4,
+        "model": {"name": "m", "path": "/m", "revision": "r1", "max_model_len": 4096},
+        "draft_model": {"name": "d", "path": "/d"},
+        "sampling": {"temperature": 0.0, "ignore_eos": False},
+        "timeouts": {"health_s": 600, "request_s": 600, "stop_s": 30, "release_s": 60},
+        "estimate": {"startup_s": 60, "tok_s": 25, "prefill_tok_s": 5000},
+        "repetitions": 3, "max_tokens": [256], "warmup_max_tokens": 32,
+        "env": {"HF_HUB_OFFLINE": "1"}, "server_args": ["--mem-fraction-static", "0.8"],
+        "workloads": {"poem": "Write a poem."},
+        "phases": [{"name": "tp1", "tp": 1,
+                    "configs": [{"method": "autoregressive"}, {"method": "ddtree", "budget": 16},
+                                {"method": "ngram", "num_speculative_tokens": 4}],
+                    "sweeps": [{"workloads": ["fib", "poem"], "max_tokens": [256], "context_tokens": [0, 512],
+                                "concurrency": [1, 2], "repetitions": 2, "methods": ["ddtree-b16"]}]}],
+    }
+
+
+def _walk(suite: dict[str, Any], path: str) -> tuple[Any, Any]:
+    obj: Any = suite
+    keys: list[Any] = [int(k) if k.isdigit() else k for k in path.split(".")]
+    for k in keys[:-1]:
+        obj = obj[k]
+    return obj, keys[-1]
+
+
+def put(path: str, value: Any) -> Mutation:
+    """Set `path` (dotted, list indexes as numbers) to `value`."""
+    def apply(s: dict[str, Any]) -> None:
+        obj, last = _walk(s, path)
+        obj[last] = value
+    return apply
+
+
+def drop(path: str) -> Mutation:
+    def apply(s: dict[str, Any]) -> None:
+        obj, last = _walk(s, path)
+        del obj[last]
+    return apply
+
+
+def add_config(cfg: dict[str, Any]) -> Mutation:
+    def apply(s: dict[str, Any]) -> None:
+        s["phases"][0]["configs"].append(cfg)
+    return apply
+
+
+def also(*mutations: Mutation) -> Mutation:
+    def apply(s: dict[str, Any]) -> None:
+        for m in mutations:
+            m(s)
+    return apply
+
+
+def replace_suite(value: Any) -> Mutation:
+    def apply(s: dict[str, Any]) -> Any:
+        return value
+    return apply
+
+
+def unchanged(s: dict[str, Any]) -> None:
+    pass
+
+
+def second_phase(s: dict[str, Any]) -> None:
+    s["phases"].append(copy.deepcopy(s["phases"][0]))
+
+
+def case(mutation: Mutation, field: str, allowed: str, *, id: str, phases: Optional[list[str]] = None,
+         hidden: Optional[str] = None) -> Any:
+    """`field`: the start of the message line (the full path); `allowed`: text on that line saying what is
+    allowed; `hidden`: a value that must not appear anywhere in the message."""
+    return pytest.param(mutation, phases, field, allowed, hidden, id=id)
+
+
+CORPUS = [
+    # --- wrong types, at every level -------------------------------------------------------------------------
+    case(replace_suite(["x"]), "(top level)", "allowed: a mapping with keys api_key, backend", id="suite-not-mapping"),
+    case(put("phases", "tp1"), "bench_phases", "allowed: a list of at least 1 item, each a mapping with keys",
+         id="phases-not-list"),
+    case(put("phases.0", "tp1"), "bench_phases[0]", "allowed: a mapping with keys configs, env, name",
+         id="phase-not-mapping"),
+    case(put("phases.0.configs", {"method": "autoregressive"}), "bench_phases[0].configs",
+         "is not of type 'array'; allowed: a list of at least 1 item", id="configs-not-list"),
+    case(put("phases.0.configs.1", "ddtree"), "bench_phases[0].configs[1]",
+         "allowed: a mapping with keys block_size, budget", id="config-not-mapping"),
+    case(put("phases.0.sweeps.0", ["fib"]), "bench_phases[0].sweeps[0]",
+         "allowed: a mapping with keys concurrency, context_tokens", id="sweep-not-mapping"),
+    case(put("phases.0.sweeps.0.workloads", "fib"), "bench_phases[0].sweeps[0].workloads",
+         "allowed: a list of at least 1 item, no repeats, each a string", id="workloads-not-list"),
+    case(put("phases.0.configs.1.budget", "16"), "bench_phases[0].configs[1].budget",
+         "'16' is not of type 'integer'; allowed: an integer from 1 to 1024", id="budget-string"),
+    case(put("repetitions", "abc"), "bench_repetitions", "'abc' is not of type 'integer'; allowed: an integer >= 1",
+         id="repetitions-string"),
+    case(put("repetitions", "3"), "bench_repetitions",
+         "allowed: an integer >= 1 (a quoted string: write it unquoted in YAML; on the command line pass JSON: "
+         "-e '{\"bench_repetitions\": 3}')", id="repetitions-quoted-number"),
+    case(put("gpu_count", True), "bench_gpu_count", "True is not of type 'integer'; allowed: an integer >= 0",
+         id="gpu_count-bool"),
+    case(put("phases.0.tp", "2"), "bench_phases[0].tp", "allowed: an integer >= 1 (a quoted string",
+         id="tp-string"),
+    case(put("model", "tiny-llama"), "bench_model", "allowed: a mapping with keys max_model_len, name, path, revision "
+         "(name, path required)", id="model-not-mapping"),
+    case(put("model.max_model_len", "4k"), "bench_model.max_model_len", "allowed: an integer >= 1",
+         id="max_model_len-string"),
+    case(put("sampling.temperature", "hot"), "bench_sampling.temperature", "allowed: a number >= 0",
+         id="temperature-string"),
+    case(put("sampling.ignore_eos", "yes"), "bench_sampling.ignore_eos", "allowed: a boolean",
+         id="ignore_eos-string"),
+    case(put("timeouts.health_s", "10m"), "bench_timeouts.health_s", "allowed: a number > 0", id="timeout-string"),
+    case(put("max_tokens", 256), "bench_max_tokens", "allowed: a list of at least 1 item, no repeats, each an "
+         "integer >= 1", id="max_tokens-scalar"),
+    case(put("phases.0.sweeps.0.context_tokens", [0, "512"]), "bench_phases[0].sweeps[0].context_tokens[1]",
+         "allowed: an integer >= 0", id="context_tokens-item-string"),
+    case(put("workloads", {"poem": 7}), "bench_workloads.poem", "allowed: a non-empty string",
+         id="workload-prompt-not-string"),
+    case(put("phases.0.sweeps.0.methods", "ddtree-b16"), "bench_phases[0].sweeps[0].methods",
+         "allowed: a list, each a string", id="sweep-methods-not-list"),
+    # --- unknown keys, at every level ------------------------------------------------------------------------
+    case(put("repetiton", 3), "bench_repetiton", "not a variable of the matrix; allowed: bench_api_key",
+         id="suite-unknown-key"),
+    case(put("phases.0.gpus", 2), "bench_phases[0].gpus",
+         "unknown key; allowed keys: configs, env, name, server_args, sweeps, tp", id="phase-unknown-key"),
+    case(put("phases.0.configs.1.k", 4), "bench_phases[0].configs[1].k",
+         "unknown key; allowed keys: block_size, budget, draft_model, env, id, method", id="config-unknown-key"),
+    case(put("phases.0.sweeps.0.workload", "fib"), "bench_phases[0].sweeps[0].workload",
+         "unknown key; allowed keys: concurrency, context_tokens, max_tokens, methods, name, repetitions, workloads",
+         id="sweep-unknown-key"),
+    case(put("model.revison", "main"), "bench_model.revison",
+         "unknown key; allowed keys: max_model_len, name, path, revision", id="model-unknown-key"),
+    case(put("draft_model.max_len", 10), "bench_draft_model.max_len",
+         "unknown key; allowed keys: max_model_len, name, path, revision", id="draft_model-unknown-key"),
+    case(put("sampling.top_p", 0.9), "bench_sampling.top_p", "unknown key; allowed keys: ignore_eos, temperature",
+         id="sampling-unknown-key"),
+    case(put("timeouts.health", 10), "bench_timeouts.health",
+         "unknown key; allowed keys: health_s, release_s, request_s, stop_s", id="timeouts-unknown-key"),
+    case(put("estimate.tokens_s", 10), "bench_estimate.tokens_s",
+         "unknown key; allowed keys: prefill_tok_s, startup_s, tok_s", id="estimate-unknown-key"),
+    # --- unknown method, engine, workload, backend -----------------------------------------------------------
+    case(put("phases.0.configs.1.method", "medusa"), "bench_phases[0].configs[1].method",
+         "'medusa' is not one of autoregressive, ngram, draft_model, eagle, eagle3, mtp, dflash, ddtree",
+         id="unknown-method"),
+    case(put("engine", "tgi"), "bench_engine", "'tgi' is not one of sglang, vllm", id="unknown-engine"),
+    case(put("backend", "docker"), "bench_backend", "'docker' is not one of process, systemd", id="unknown-backend"),
+    case(put("phases.0.sweeps.0.workloads", ["fib", "sonnet"]), "bench_phases[0].sweeps[0].workloads[1]",
+         "unknown workload 'sonnet'; allowed: arith, fib, json, poem, qsort", id="unknown-workload"),
+    case(put("engine", "vllm"), "bench_phases[0].configs[1].method",
+         "'ddtree' is not supported by engine vllm; allowed: autoregressive", id="method-not-in-engine"),
+    case(put("phases.0.sweeps.0.methods", ["ddtree-b99"]), "bench_phases[0].sweeps[0].methods[0]",
+         "'ddtree-b99' is not a config of phase tp1; allowed: autoregressive, ddtree-b16, ngram-k4",
+         id="sweep-methods-unknown-config"),
+    # --- zero or negative sizes ------------------------------------------------------------------------------
+    case(put("phases.0.sweeps.0.max_tokens", [0]), "bench_phases[0].sweeps[0].max_tokens[0]",
+         "0 is less than the minimum of 1; allowed: an integer >= 1", id="max_tokens-zero"),
+    case(put("max_tokens", [-1]), "bench_max_tokens[0]", "-1 is less than the minimum of 1; allowed: an integer >= 1",
+         id="suite-max_tokens-negative"),
+    case(put("phases.0.sweeps.0.concurrency", [1, 0]), "bench_phases[0].sweeps[0].concurrency[1]",
+         "0 is less than the minimum of 1", id="concurrency-zero"),
+    case(put("repetitions", 0), "bench_repetitions", "0 is less than the minimum of 1; allowed: an integer >= 1",
+         id="repetitions-zero"),
+    case(put("phases.0.sweeps.0.repetitions", -2), "bench_phases[0].sweeps[0].repetitions",
+         "-2 is less than the minimum of 1", id="sweep-repetitions-negative"),
+    case(put("phases.0.configs.1.budget", 0), "bench_phases[0].configs[1].budget",
+         "0 is less than the minimum of 1; allowed: an integer from 1 to 1024", id="budget-zero"),
+    case(put("phases.0.configs.1.budget", 4096), "bench_phases[0].configs[1].budget",
+         "4096 is greater than the maximum of 1024; allowed: an integer from 1 to 1024", id="budget-too-large"),
+    case(put("phases.0.configs.2.num_speculative_tokens", 0), "bench_phases[0].configs[2].num_speculative_tokens",
+         "allowed: an integer from 1 to 64", id="num_speculative_tokens-zero"),
+    case(put("timeouts.stop_s", 0), "bench_timeouts.stop_s", "allowed: a number > 0", id="timeout-zero"),
+    case(put("timeouts.request_s", -5), "bench_timeouts.request_s", "allowed: a number > 0", id="timeout-negative"),
+    case(put("phases.0.sweeps.0.context_tokens", [-1]), "bench_phases[0].sweeps[0].context_tokens[0]",
+         "-1 is less than the minimum of 0; allowed: an integer >= 0", id="context_tokens-negative"),
+    case(put("phases.0.tp", 0), "bench_phases[0].tp", "allowed: an integer >= 1", id="tp-zero"),
+    case(put("gpu_count", -1), "bench_gpu_count", "allowed: an integer >= 0", id="gpu_count-negative"),
+    case(put("warmup_max_tokens", 0), "bench_warmup_max_tokens", "allowed: an integer >= 1", id="warmup-zero"),
+    case(put("model.max_model_len", 0), "bench_model.max_model_len", "allowed: an integer >= 1",
+         id="max_model_len-zero"),
+    case(put("port", 70000), "bench_port", "allowed: an integer from 0 to 65535", id="port-out-of-range"),
+    # --- tp against the GPU count; context against the model ------------------------------------------------
+    case(put("phases.0.tp", 8), "bench_phases[0].tp", "8 is above the host's GPU count (4); allowed 1..4",
+         id="tp-above-gpu-count"),
+    case(also(put("gpu_count", 0), put("phases.0.tp", 2)), "bench_phases[0].tp",
+         "2 is above the host's GPU count (0); allowed 1..1", id="tp2-on-cpu-host"),
+    case(put("phases.0.sweeps.0.context_tokens", [0, 4000]), "bench_phases[0].sweeps[0].context_tokens",
+         "context + max_tokens = 4256 exceeds the model's max_model_len 4096 (context 4000, max_tokens 256); "
+         "allowed: context_tokens + max_tokens <= 4096", id="context-longer-than-model"),
+    case(also(drop("phases.0.sweeps.0.context_tokens"), put("phases.0.sweeps.0.max_tokens", [8192])),
+         "bench_phases[0].sweeps[0].max_tokens", "allowed: context_tokens + max_tokens <= 4096",
+         id="max_tokens-longer-than-model"),
+    # --- duplicates ------------------------------------------------------------------------------------------
+    case(add_config({"method": "ddtree", "budget": 16}), "bench_phases[0].configs[3]",
+         "duplicate config id 'tp1-ddtree-b16' (also bench_phases[0].configs[1]); set a distinct `id`",
+         id="duplicate-config-id"),
+    case(add_config({"method": "dflash", "id": "ngram-k4"}), "bench_phases[0].configs[3]",
+         "duplicate config id 'tp1-ngram-k4' (also bench_phases[0].configs[2]); set a distinct `id`",
+         id="duplicate-explicit-id"),
+    case(second_phase, "bench_phases[1].name", "duplicate phase name 'tp1' (also bench_phases[0]); allowed: a name "
+         "no other phase has",
+         id="duplicate-phase-name"),
+    case(put("phases.0.sweeps.0.max_tokens", [256, 128, 256]), "bench_phases[0].sweeps[0].max_tokens",
+         "256 appears more than once; allowed: a list of at least 1 item, no repeats", id="duplicate-max_tokens"),
+    # --- empty lists -----------------------------------------------------------------------------------------
+    case(put("phases", []), "bench_phases", "[] should be non-empty (at least 1 item)", id="phases-empty"),
+    case(put("phases.0.configs", []), "bench_phases[0].configs", "should be non-empty (at least 1 item)",
+         id="configs-empty"),
+    case(put("phases.0.sweeps", []), "bench_phases[0].sweeps", "should be non-empty (at least 1 item)",
+         id="sweeps-empty"),
+    case(put("phases.0.sweeps.0.workloads", []), "bench_phases[0].sweeps[0].workloads",
+         "should be non-empty (at least 1 item)", id="workloads-empty"),
+    case(put("max_tokens", []), "bench_max_tokens", "should be non-empty (at least 1 item)", id="max_tokens-empty"),
+    # --- missing or misplaced parts --------------------------------------------------------------------------
+    case(put("phases.0.configs", [{"method": "ddtree", "budget": 16}]), "bench_phases[0].configs",
+         "every phase needs an autoregressive baseline config; add {method: autoregressive} (methods now: ddtree)",
+         id="phase-without-baseline"),
+    case(put("draft_model", None), "bench_phases[0].configs[1].draft_model",
+         "method ddtree needs a draft model (set bench_draft_model or the config's draft_model)",
+         id="draft-model-missing"),
+    case(add_config({"method": "dflash", "budget": 4}), "bench_phases[0].configs[3].budget",
+         "only method ddtree takes a budget (this config's method is 'dflash'); remove it or use method ddtree",
+         id="budget-on-non-ddtree"),
+    case(drop("phases.0.configs.1.budget"), "bench_phases[0].configs[1].budget",
+         "is required for method ddtree; allowed: an integer from 1 to 1024", id="ddtree-without-budget"),
+    case(drop("phases.0.configs.2.num_speculative_tokens"), "bench_phases[0].configs[2].num_speculative_tokens",
+         "is required for method ngram; allowed: an integer from 1 to 64", id="ngram-without-k"),
+    case(drop("model.path"), "bench_model.path", "is required; allowed: a non-empty string", id="model-without-path"),
+    case(drop("engine"), "bench_engine", "is required; allowed: one of sglang, vllm", id="engine-missing"),
+    case(drop("phases.0.name"), "bench_phases[0].name", "is required; allowed: a name of letters, digits",
+         id="phase-without-name"),
+    case(put("phases.0.name", "tp 1"), "bench_phases[0].name",
+         "'tp 1' is not a valid name; allowed: letters, digits, '.', '_' and '-', starting with a letter or digit",
+         id="phase-name-with-space"),
+    case(put("phases.0.configs.1.id", "-b16"), "bench_phases[0].configs[1].id", "is not a valid name; allowed:",
+         id="config-id-bad-name"),
+    case(put("engine_python", ""), "bench_engine_python", "'' should be non-empty (at least 1 character)",
+         id="engine_python-empty"),
+    case(put("phases.0.configs.1.draft_model", {"name": "d2"}), "bench_phases[0].configs[1].draft_model.path",
+         "is required; allowed: a non-empty string", id="config-draft-model-without-path"),
+    case(put("phases.0.configs.1.block_size", 1), "bench_phases[0].configs[1].block_size",
+         "allowed: an integer from 2 to 64", id="block_size-one"),
+    case(unchanged, "phases", "unknown phase 'tp9'; allowed: tp1", phases=["tp9"],
+         id="unknown-phase-selected"),
+    # --- exposure and secrets --------------------------------------------------------------------------------
+    case(put("bind_host", "0.0.0.0"), "bench_api_key", "need an API key of at least 16 characters (keep it in a "
+         "vault); or set bench_bind_host: 127.0.0.1", id="exposed-without-api-key"),
+    case(also(put("bind_host", "10.0.0.5"), put("api_key", "short")), "bench_api_key",
+         "API key of at least 16 characters", id="exposed-with-short-api-key", hidden="short"),
+    case(put("env", {"HF_HUB_OFFLINE": "1", "HF_TOKEN": [SECRET]}), "bench_env.HF_TOKEN",
+         "a list (value not shown: may be a secret) is not of type 'string', 'number' or 'boolean'; allowed: "
+         "a string, a number or a boolean", id="secret-env-wrong-type", hidden=SECRET),
+    case(put("phases.0.configs.1.env", {"SGLANG_API_KEY": {"v": SECRET}}),
+         "bench_phases[0].configs[1].env.SGLANG_API_KEY", "value not shown", id="config-secret-env-wrong-type",
+         hidden=SECRET),
+    case(put("phases.0.env", [f"HF_TOKEN={SECRET}"]), "bench_phases[0].env",
+         "allowed: a mapping of names to a string, a number or a boolean", id="phase-env-not-mapping",
+         hidden=SECRET),
+    case(put("api_key", 1234567890123456789), "bench_api_key", "allowed: a string or null",
+         id="api_key-wrong-type", hidden="1234567890123456789"),
+    case(put("server_args", ["--api-key", 98765432109876]), "bench_server_args[1]", "allowed: a string",
+         id="secret-server-arg-wrong-type", hidden="98765432109876"),
+]
+
+
+@pytest.mark.parametrize(("mutation", "phases", "field", "allowed", "hidden"), CORPUS)
+def test_bad_matrix_names_field_and_allowed_values(mutation: Mutation, phases: Optional[list[str]], field: str,
+                                                   allowed: str, hidden: Optional[str]) -> None:
+    suite = base()
+    replaced = mutation(suite)
+    if replaced is not None:
+        suite = replaced
+    with pytest.raises(matrix.MatrixError) as by_validate:
+        matrix.validate(suite, phases)
+    with pytest.raises(matrix.MatrixError) as by_expand:
+        matrix.expand(suite, phases)
+    msg = str(by_validate.value)
+    assert str(by_expand.value) == msg
+    lines = [line for line in msg.splitlines() if line.startswith(f"{field}: ")]
+    assert lines, f"no line for {field} in:\n{msg}"
+    assert any(allowed in line for line in lines), f"{allowed!r} not on the {field} line of:\n{msg}"
+    assert len(lines) == len(msg.splitlines()), f"problems beyond {field} reported for one damage:\n{msg}"
+    if hidden is not None:
+        assert hidden not in msg
+
+
+def test_corpus_base_is_valid() -> None:
+    """Every case is one damage away from this suite, which passes: a case fails only for its own damage."""
+    configs = matrix.expand(base())
+    assert [c["config_id"] for c in configs] == ["tp1-autoregressive", "tp1-ddtree-b16", "tp1-ngram-k4"]
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    """Several schema problems in one matrix: one line each, sorted by field, none hidden behind the first."""
+    s = base()
+    for m in (put("repetitions", 0), put("phases.0.configs.1.budget", "16"), put("phases.0.sweeps.0.speed", 1),
+              put("sampling.top_p", 1.0)):
+        m(s)
+    with pytest.raises(matrix.MatrixError) as exc:
+        matrix.validate(s)
+    fields = [line.split(": ", 1)[0] for line in str(exc.value).splitlines()]
+    assert fields == ["bench_phases[0].configs[1].budget", "bench_phases[0].sweeps[0].speed", "bench_repetitions",
+                      "bench_sampling.top_p"]
+
+
+def test_cross_field_problems_are_reported_at_once() -> None:
+    s = base()
+    for m in (put("phases.0.tp", 8), add_config({"method": "ddtree", "budget": 16}),
+              put("phases.0.sweeps.0.workloads", ["sonnet"])):
+        m(s)
+    with pytest.raises(matrix.MatrixError) as exc:
+        matrix.validate(s, ["tp9"])
+    fields = [line.split(": ", 1)[0] for line in str(exc.value).splitlines()]
+    assert fields == ["bench_phases[0].tp", "bench_phases[0].configs[3]", "bench_phases[0].sweeps[0].workloads[0]",
+                      "phases"]
