@@ -8,7 +8,8 @@ PATTERNS: list[tuple[str, str]] = [
     ("seccomp", r"status=31/SYS"),
     ("permission_denied", r"PermissionError|Permission denied"),
     ("oom", r"CUDA out of memory|OutOfMemoryError|torch\.OutOfMemoryError|Cannot allocate memory|"
-            r"Not enough memory|insufficient memory|No available memory for the cache blocks"),
+            r"Not enough memory|insufficient memory|No available memory for the cache blocks|"
+            r"on startup is less than desired (GPU|CPU) memory utilization"),
     ("cuda_graph", r"[Cc]apture [Cc][Uu][Dd][Aa] graph failed|CUDA graph capture"),
     ("nccl_timeout", r"NCCL.*[Tt]imeout|Watchdog caught collective operation timeout"),
     ("unsupported_flag", r"unrecognized arguments:|error: argument .*invalid choice"),

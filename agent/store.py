@@ -15,7 +15,7 @@ REDACTED = "<redacted>"
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
 def _fsync_dir(path: Path) -> None:

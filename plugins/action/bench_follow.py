@@ -15,6 +15,7 @@ from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
 display = Display()
+DISK_FULL_BYTES = 1 << 20  # below this, an agent that died is reported as out of disk
 
 PROBE = r"""
 import json, os, sys
@@ -40,8 +41,13 @@ if state.get("pid"):
         alive = False
     except PermissionError:
         alive = True
+try:
+    st = os.statvfs(os.path.dirname(events))
+    free = st.f_bavail * st.f_frsize
+except OSError:
+    free = None
 print(json.dumps({"lines": data.decode(errors="replace"), "offset": offset + len(data),
-                  "state": state, "alive": alive}))
+                  "state": state, "alive": alive, "free_bytes": free}))
 """
 
 
@@ -126,8 +132,11 @@ class ActionModule(ActionBase):
             if not probe["alive"]:
                 if final_pass:  # one more read after the exit caught any last events
                     how = "died" if state.get("state") == "running" else f"ended ({state.get('state')})"
+                    free = probe.get("free_bytes")
+                    disk = (f" (the results filesystem on {host} is full: {free} bytes free)"
+                            if free is not None and free < DISK_FULL_BYTES else "")
                     result.update(failed=True, msg=f"the agent on {host} {how} without finishing the suite: "
-                                                   f"{state.get('error') or 'no error recorded'}; see "
+                                                   f"{state.get('error') or 'no error recorded'}{disk}; see "
                                                    f"{a.get('log', 'its log')}; re-run with the same run_id "
                                                    f"to resume")
                     return result

@@ -8,6 +8,8 @@ from agent.classify import classify
 
 @pytest.mark.parametrize("log, reason", [
     ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "oom"),
+    ("ValueError: Available memory on node 0 (8.55/10.46 GiB) on startup is less than desired CPU memory "
+     "utilization (0.92, 9.63 GiB).", "oom"),
     ("RuntimeError: Capture cuda graph failed: out of resources", "cuda_graph"),
     ("[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1)", "nccl_timeout"),
     ("api_server.py: error: unrecognized arguments: --speculative-ddtree-budget 16", "unsupported_flag"),

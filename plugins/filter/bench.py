@@ -1,0 +1,31 @@
+"""Filters of the bench role.
+
+`bench_secrets`: the {placeholder: value} map of a suite's secrets, for the no_log task that writes
+the plan on the host. The `bench_plan` action replaces the same values with the same placeholders
+(agent.secrets.split), so no other task result ever holds a secret.
+`bench_number`: a whole number given as a string (`-e bench_repetitions=2`) as that number; any
+other value unchanged, for the validator to judge.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from agent import secrets  # noqa: E402
+
+
+def bench_secrets(suite: dict[str, Any]) -> dict[str, str]:
+    return secrets.split(suite)[1]
+
+
+def bench_number(value: Any) -> Any:
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return value
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Callable[..., Any]]:
+        return {"bench_secrets": bench_secrets, "bench_number": bench_number}

@@ -1,0 +1,273 @@
+"""The fault matrix against the real CPU engine: after each fault the suite went on, the right status
+and reason were recorded, and nothing was lost or left half-written.
+
+One suite run (`faults`) carries five faults in a row (HTTP errors and malformed chunks from a
+fault-injecting proxy in front of the real engine, a frozen server, GPU memory still held after a
+stop, an exit during startup, then a normal config); the others need their own settings (a short
+health deadline, a fixed port, a tiny filesystem)."""
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import ENGINE_PY, ROOT, Bench, reduced_matrix
+from .test_failures import requests_served, wait_for
+
+CAPTURES = ROOT.parent / "shared" / "fixtures" / "nvidia-h200"
+FAKES = ROOT / "tests" / "fakes"
+
+
+def statuses(host: Path) -> dict[str, dict[str, Any]]:
+    return {p.parent.name: json.loads(p.read_text()) for p in host.glob("*/status.json")}
+
+
+def rows_of(host: Path, cid: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (host / cid / "requests.jsonl").read_text().splitlines()]
+
+
+def engine_group(marker: str, needle: str) -> int | None:
+    """The process group of the engine process whose command line holds `needle` (under this test)."""
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            env = (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in cmd and "api_server" in cmd and marker.encode() in env:
+            return os.getpgid(int(proc.name))
+    return None
+
+
+def no_engine_left(marker: str) -> None:
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmd = (proc / "cmdline").read_bytes()
+            env = (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        assert not (b"api_server" in cmd and marker.encode() in env), f"engine process {proc.name} left running"
+
+
+def no_partial_files(root: Path) -> None:
+    """write_atomic's temporaries never outlive a write."""
+    assert [str(p) for p in root.rglob(".*.tmp")] == []
+
+
+@pytest.fixture
+def fake_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    if not (CAPTURES / "query-gpu.csv").is_file():
+        pytest.skip(f"real nvidia-smi captures not found at {CAPTURES}")
+    holders = tmp_path / "gpu-holders"
+    monkeypatch.setenv("PATH", f"{FAKES}:{os.environ['PATH']}")
+    monkeypatch.setenv("NVIDIA_SMI_CAPTURES", str(CAPTURES))
+    monkeypatch.setenv("NVIDIA_SMI_HOLDERS", str(holders))
+    return holders
+
+
+def test_http_errors_frozen_server_gpu_held_and_startup_exit_in_one_suite(bench: Bench, fake_gpu: Path) -> None:
+    run = "it-faults"
+    proxy_python = bench.tmp / "engine-python"
+    proxy_python.write_text(f"#!/bin/sh\nexec {ENGINE_PY} {ROOT / 'tests/faults/engine_proxy.py'} \"$@\"\n")
+    proxy_python.chmod(0o755)
+    matrix = reduced_matrix([
+        {"method": "autoregressive"},
+        {"method": "ngram", "num_speculative_tokens": 2, "id": "http-faults",
+         "env": {"SPECFLEET_FAULTS": "http_error=3,malformed=4"}},
+        {"method": "ngram", "num_speculative_tokens": 3, "id": "frozen"},
+        {"method": "ngram", "num_speculative_tokens": 4, "id": "gpu-held"},
+        {"method": "ngram", "num_speculative_tokens": 5, "id": "startup-exit"},
+        {"method": "ngram", "num_speculative_tokens": 6, "id": "after"},
+    ], workloads=["fib", "json"], max_tokens=[32], context_tokens=[0], concurrency=[1, 2])
+    extra = {**matrix, "run_id": run, "bench_repetitions": 3, "bench_engine_python": str(proxy_python),
+             "bench_timeouts": {"health_s": 400, "request_s": 12, "stop_s": 30, "release_s": 5}}
+    marker = str(bench.tmp)
+    holder = None
+    proc = bench.start(extra)
+    try:
+        def ready(cid: str) -> dict[str, Any] | None:
+            return next((e for e in bench.events(run) if e["event"] == "config_ready"
+                         and e["config_id"] == f"tp1-{cid}"), None)
+
+        def ended(cid: str) -> dict[str, Any] | None:
+            return next((e for e in bench.events(run) if e["event"] == "config_end"
+                         and e["config_id"] == f"tp1-{cid}"), None)
+
+        # 2. freeze the engine mid-config (after the warmup and two timed requests)
+        frozen = wait_for(lambda: ready("frozen"), 600, "frozen ready")
+        wait_for(lambda: requests_served(frozen["port"]) >= 3, 120, "timed requests")
+        os.killpg(frozen["server_pid"], signal.SIGSTOP)
+        # 9. meanwhile a process keeps GPU memory (past this config's own release check)
+        holder = subprocess.Popen(["sleep", "900"])
+        fake_gpu.write_text(f"{holder.pid}\n")
+        wait_for(lambda: ended("gpu-held"), 300, "gpu-held ended")
+        holder.kill()
+        holder.wait()
+        # 4. kill the next engine while it starts up
+        pgid = wait_for(lambda: engine_group(marker, '"num_speculative_tokens":5'), 120, "startup-exit engine")
+        assert ready("startup-exit") is None
+        os.killpg(pgid, signal.SIGKILL)
+        t_kill = time.time()
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if holder and holder.poll() is None:
+            holder.kill()
+    assert proc.returncode == 0, out[-4000:]
+    host = bench.results / run / "local"
+    st = statuses(host)
+    assert st["tp1-autoregressive"]["status"] == "ok"
+
+    # 11. some requests answered with HTTP 500 or a cut chunk: those rows ok=false with the error, the rest ok
+    rows = rows_of(host, "tp1-http-faults")
+    bad = [r for r in rows if not r["ok"]]
+    assert st["tp1-http-faults"]["status"] == "ok" and len(rows) == 18
+    assert any("HTTP 500" in r["error"] and "injected fault" in r["error"] for r in bad), bad
+    assert any("malformed stream chunk" in r["error"] for r in bad), bad
+    assert all(r["completion_tokens"] == 32 for r in rows if r["ok"])
+    report = json.loads((bench.results / run / "report.json").read_text())["rows"]
+    mine = [r for r in report if r["config_id"] == "tp1-http-faults"]
+    assert sum(r["errors"] for r in mine) == len(bad) and sum(r["n"] for r in mine) == len(rows) - len(bad)
+    assert all(r["n"] + r["errors"] == 3 * r["concurrency"] for r in mine)
+    assert "errors" in (bench.results / run / "report.md").read_text()
+
+    # 2. frozen: the request deadline passed, the config failed with the reason, the server is gone
+    fz = st["tp1-frozen"]
+    assert (fz["status"], fz["reason"]) == ("failed", "request_timeout"), fz
+    assert "deadline of 12 s" in fz["detail"] and "hung" in fz["detail"]
+    assert fz["requests"] >= 2 and fz["requests_ok"] >= 2
+    assert fz["stop_s"] < 30  # resumed by the SIGCONT that follows SIGTERM, it shut down by itself
+
+    # 9. GPU memory still held: the config waited release_s, then failed without starting a server
+    gh = st["tp1-gpu-held"]
+    assert (gh["status"], gh["reason"]) == ("failed", "gpu_busy"), gh
+    assert "19592" in gh["detail"] and gh["ready_s"] is None
+    assert "server not started" in (host / "tp1-gpu-held/server.log").read_text()
+
+    # 4. exit during startup: crashed, detected within 2 s of the exit
+    se = st["tp1-startup-exit"]
+    assert (se["status"], se["reason"]) == ("failed", "crashed"), se
+    assert "during startup" in se["detail"]
+    detected = datetime.fromisoformat(se["finished_at"]).timestamp() - t_kill
+    assert detected < 2.0, detected
+
+    assert st["tp1-after"]["status"] == "ok"  # the suite went on after four faults
+    no_partial_files(bench.host_dir)
+    no_engine_left(marker)
+
+
+def test_never_healthy_is_a_health_timeout_with_the_log_tail(bench: Bench) -> None:
+    run = "it-unhealthy"
+    matrix = reduced_matrix([{"method": "autoregressive"}, {"method": "ngram", "num_speculative_tokens": 2}])
+    res = bench.run({**matrix, "run_id": run,
+                     "bench_timeouts": {"health_s": 15, "request_s": 60, "stop_s": 30, "release_s": 5}})
+    assert res.returncode == 0, res.stdout[-3000:]
+    st = statuses(bench.results / run / "local")
+    base = st["tp1-autoregressive"]
+    assert (base["status"], base["reason"]) == ("failed", "health_timeout"), base
+    assert "/health not 200 within 15 s" in base["detail"]
+    assert base["log_tail"].strip(), "the log tail of the server is recorded"
+    assert (st["tp1-ngram-k2"]["status"], st["tp1-ngram-k2"]["reason"]) == ("skipped", "baseline_failed")
+    no_engine_left(str(bench.tmp))
+
+
+class _Foreign(http.server.BaseHTTPRequestHandler):
+    """Another program's server: answers 200 to everything, and counts what it was sent."""
+
+    hits: list[str] = []
+
+    def do_GET(self) -> None:  # noqa: N802
+        self.hits.append(self.path)
+        self.send_response(200)
+        self.end_headers()
+
+    do_POST = do_GET
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_port_taken_by_another_process_is_named_and_left_alone(bench: Bench) -> None:
+    run = "it-port"
+    foreign = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Foreign)
+    port = foreign.server_address[1]
+    threading.Thread(target=foreign.serve_forever, daemon=True).start()
+    try:
+        matrix = reduced_matrix([{"method": "autoregressive"}, {"method": "ngram", "num_speculative_tokens": 2}])
+        res = bench.run({**matrix, "run_id": run, "bench_port": port})
+        assert res.returncode == 0, res.stdout[-3000:]
+        st = statuses(bench.results / run / "local")
+        base = st["tp1-autoregressive"]
+        assert (base["status"], base["reason"]) == ("failed", "port_in_use"), base
+        assert f"port {port} on 127.0.0.1 is already taken" in base["detail"]
+        assert st["tp1-ngram-k2"]["reason"] == "baseline_failed"
+        assert _Foreign.hits == []  # not one request was sent to the other program
+        assert threading.active_count() > 1 and foreign.socket.fileno() != -1
+    finally:
+        foreign.shutdown()
+        foreign.server_close()
+    no_engine_left(str(bench.tmp))
+
+
+def _fill(path: Path) -> Path:
+    """Take every free byte of the filesystem holding `path`."""
+    filler = path / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for size in (1 << 20, 4096, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    return filler
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_disk_full_while_writing_results_is_clear_and_resumable(bench: Bench) -> None:
+    run = "it-diskfull"
+    bench.host_dir.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "specfleet-test", str(bench.host_dir)], check=True)
+    try:
+        matrix = reduced_matrix([{"method": "autoregressive"}, {"method": "ngram", "num_speculative_tokens": 2}])
+        extra = {**matrix, "run_id": run}
+        proc = bench.start(extra)
+        try:
+            wait_for(lambda: any(e["event"] == "config_ready" and e["config_id"] == "tp1-ngram-k2"
+                                 for e in bench.events(run)), 600, "second config ready")
+            host = bench.host_run(run)
+            before = (host / "tp1-autoregressive/status.json").read_bytes()
+            filler = _fill(bench.host_dir)
+            out, _ = proc.communicate(timeout=600)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode != 0
+        assert "the results filesystem on local is full" in out and "re-run with the same run_id" in out, out[-3000:]
+        assert (host / "tp1-autoregressive/status.json").read_bytes() == before  # intact
+        assert not (host / "tp1-ngram-k2/status.json").exists()  # not recorded as if complete
+        no_partial_files(bench.host_dir)
+        no_engine_left(str(bench.tmp))
+        filler.unlink()
+        res = bench.run(extra)  # resume once there is room again
+        assert res.returncode == 0, res.stdout[-3000:]
+        assert "tp1-autoregressive  already ok in this run, kept" in res.stdout
+        st = statuses(bench.results / run / "local")
+        assert {k: v["status"] for k, v in st.items()} == {"tp1-autoregressive": "ok", "tp1-ngram-k2": "ok"}
+        assert (bench.results / run / "local/tp1-autoregressive/status.json").read_bytes() == before
+    finally:
+        subprocess.run(["umount", "-l", str(bench.host_dir)], check=False)
+
+
