@@ -1,9 +1,13 @@
-"""`python -m collector report RUN_DIR --format md|csv|json` and `stamp` (run.json)."""
+"""`python -m collector report RUN_DIR --format md|csv|json`, `stamp` (run.json), `pull`, and `unpack`
+(one host's archive into the run folder)."""
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 from agent import SCHEMA_VERSION
@@ -43,6 +47,27 @@ def stamp(args: argparse.Namespace) -> int:
     return 0
 
 
+def unpack(args: argparse.Namespace) -> int:
+    """Put one host's results in place all at once: extract beside the run's host folder, then swap it in,
+    so an interrupted pull never leaves a half-extracted folder that looks complete."""
+    root, host = Path(args.run_dir), args.host
+    new, old = root / f".{host}.unpack", root / f".{host}.old"
+    for leftover in (new, old):
+        shutil.rmtree(leftover, ignore_errors=True)
+    new.mkdir(parents=True)
+    with tarfile.open(args.archive) as tar:
+        tar.extractall(new, filter="data")
+    if not (new / host).is_dir():
+        print(f"{args.archive} holds no folder {host!r}", file=sys.stderr)
+        return 2
+    if (root / host).exists():
+        os.rename(root / host, old)
+    os.rename(new / host, root / host)
+    shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(new, ignore_errors=True)
+    return 0
+
+
 def report(args: argparse.Namespace) -> int:
     root = Path(args.run_dir)
     if not root.is_dir():
@@ -72,6 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--suite")
     s.add_argument("--hosts", nargs="*", default=[])
     s.set_defaults(func=stamp)
+    k = sub.add_parser("unpack", help="put one host's results archive in place under a run folder")
+    k.add_argument("run_dir")
+    k.add_argument("host")
+    k.add_argument("archive")
+    k.set_defaults(func=unpack)
     u = sub.add_parser("pull", help="fetch a run's results from hosts through ansible-runner")
     u.add_argument("-l", "--limit", required=True, help="hosts or groups, as for ansible-playbook -l")
     u.add_argument("run_id", nargs="?", help="the run to fetch (default: the newest on each host)")
