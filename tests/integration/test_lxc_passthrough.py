@@ -13,22 +13,19 @@ template's cache, under .cache/lxc; later runs reuse the container with a fresh 
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from .roles_harness import ROOT, run_role
+
 FIXTURES = ROOT.parent / "shared" / "fixtures" / "nvidia-h200"
-BIN = Path(sys.executable).parent
 CACHE = ROOT / ".cache" / "lxc"
 LXCPATH = CACHE / "containers"
 NAME = "specfleet-gpu-test"
@@ -153,18 +150,7 @@ class Host:
     def run(self, *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], int]:
         """ansible-playbook with the role in plain_lxc mode; (process, role result, changed count)."""
         self.runs += 1
-        run_dir = self.tmp / f"run{self.runs}"
-        run_dir.mkdir()
-        (run_dir / "inventory.yml").write_text(yaml.safe_dump({"all": {"hosts": {"lxchost": {
-            "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))
-        result_file = run_dir / "result.json"
-        (run_dir / "play.yml").write_text(yaml.safe_dump([{
-            "name": "GPU passthrough into a plain LXC container", "hosts": "lxchost", "gather_facts": False,
-            "roles": [{"role": "pve_gpu_passthrough"}],
-            "post_tasks": [{"name": "Keep the role's result for the test", "ansible.builtin.copy": {
-                "content": "{{ pve_gpu_passthrough_result | to_nice_json }}", "dest": str(result_file),
-                "mode": "0644"}, "check_mode": False, "changed_when": False}]}], sort_keys=False))
-        (run_dir / "vars.yml").write_text(yaml.safe_dump({
+        run = run_role(self.tmp / f"run{self.runs}", "pve_gpu_passthrough", "lxchost", {
             "pve_gpu_passthrough_mode": "plain_lxc",
             "pve_gpu_passthrough_lxc_name": NAME,
             "pve_gpu_passthrough_lxc_path": str(LXCPATH),
@@ -175,17 +161,10 @@ class Host:
             "pve_gpu_passthrough_sysconf_dir": str(self.etc),
             "pve_gpu_passthrough_manage_service": False,
             "pve_gpu_passthrough_restart_timeout_s": 60,
-        }))
-        env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}",
-               "ANSIBLE_FILTER_PLUGINS": str(ROOT / "plugins" / "filter"), "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
-               "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_LOCAL_TEMP": str(run_dir / "tmp")}
-        proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(run_dir / "inventory.yml"),
-                               str(run_dir / "play.yml"), "-e", f"@{run_dir / 'vars.yml'}", *args],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-        recap = re.search(r"lxchost\s*:\s*ok=\d+\s+changed=(\d+)", proc.stdout)
-        assert recap, proc.stdout[-2000:]
-        return proc, json.loads(result_file.read_text()), int(recap.group(1))
+        }, *args, result_var="pve_gpu_passthrough_result")
+        assert run.proc.returncode == 0, run.out[-4000:]
+        assert run.recap, run.proc.stdout[-2000:]
+        return run.proc, run.result, run.changed
 
 
 def nodes_inside() -> dict[str, tuple[str, int, int]]:

@@ -11,17 +11,15 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from .roles_harness import ROOT, RoleRun, run_role
+
 FIXTURES = ROOT.parent / "shared" / "fixtures" / "nvidia-h200"
 FAKES = ROOT / "tests" / "fakes"
-BIN = Path(sys.executable).parent
 CTID = 200
 
 pytestmark = [
@@ -97,18 +95,6 @@ class PveHost:
     def run(self, pve_version: str, *args: str, **extra: Any) -> Run:
         """ansible-playbook with the role against this host; returns the run with the calls it made."""
         self.runs += 1
-        run_dir = self.tmp / f"run{self.runs}"
-        run_dir.mkdir()
-        (run_dir / "inventory.yml").write_text(yaml.safe_dump({"all": {"hosts": {"pvehost": {
-            "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))
-        result_file = run_dir / "result.json"
-        (run_dir / "play.yml").write_text(yaml.safe_dump([{
-            "name": "GPU passthrough", "hosts": "pvehost", "gather_facts": False,
-            "roles": [{"role": "pve_gpu_passthrough"}],
-            "post_tasks": [{"name": "Keep the role's result for the test", "ansible.builtin.copy": {
-                "content": "{{ pve_gpu_passthrough_result | to_nice_json }}", "dest": str(result_file),
-                "mode": "0644"}, "check_mode": False, "changed_when": False,
-                "when": "pve_gpu_passthrough_result is defined"}]}], sort_keys=False))
         variables = {
             "pve_gpu_passthrough_gpu_count": 1,
             "pve_gpu_passthrough_ctid": CTID,
@@ -120,31 +106,24 @@ class PveHost:
             "pve_gpu_passthrough_manage_service": False,
             **extra,
         }
-        (run_dir / "vars.yml").write_text(yaml.safe_dump(variables))
-        env = {**os.environ, "PATH": f"{FAKES}:{BIN}:{os.environ.get('PATH', '')}",
-               "PCT_STATE_DIR": str(self.pve), "PCT_LOG": str(self.calls_log), "PVE_MANAGER_VERSION": pve_version,
-               "ANSIBLE_FILTER_PLUGINS": str(ROOT / "plugins" / "filter"), "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
-               "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_LOCAL_TEMP": str(run_dir / "tmp")}
         before = len(self.calls())
-        proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(run_dir / "inventory.yml"),
-                               str(run_dir / "play.yml"), "-e", f"@{run_dir / 'vars.yml'}", *args],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-        result = json.loads(result_file.read_text()) if result_file.exists() else {}
-        return Run(proc, self.calls()[before:], result)
+        run = run_role(self.tmp / f"run{self.runs}", "pve_gpu_passthrough", "pvehost", variables, *args,
+                       result_var="pve_gpu_passthrough_result", path=[FAKES],
+                       env={"PCT_STATE_DIR": str(self.pve), "PCT_LOG": str(self.calls_log),
+                            "PVE_MANAGER_VERSION": pve_version})
+        return Run(run, self.calls()[before:])
 
 
 class Run:
     """One ansible-playbook run: its output, recap and the pct/pveversion calls it made."""
 
-    def __init__(self, proc: subprocess.CompletedProcess[str], calls: list[dict[str, Any]],
-                 result: dict[str, Any]) -> None:
-        self.proc = proc
-        self.out = proc.stdout + proc.stderr
+    def __init__(self, run: RoleRun, calls: list[dict[str, Any]]) -> None:
+        self.proc = run.proc
+        self.out = run.out
         self.calls = calls
-        self.result = result
-        recap = re.search(r"pvehost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", proc.stdout)
-        self.changed = int(recap.group(2)) if recap else -1
-        self.failed = int(recap.group(4)) if recap else -1
+        self.result = run.result
+        self.changed = run.changed
+        self.failed = run.failed
 
     def ok(self) -> Run:
         assert self.proc.returncode == 0 and self.failed == 0, self.out[-4000:]

@@ -1,0 +1,82 @@
+"""Running one role through the real `ansible-playbook` against this machine (connection local), for the role tests.
+
+`run_role` writes a run folder with its own inventory (one host, this interpreter), a play with the role, the
+variables as an extra-vars file, and a post task that keeps a fact of the role's for the test; it returns the
+process, that fact and the host's recap counts. `ansible_env` is the environment every test run of ansible-playbook
+uses (this venv's ansible first on PATH, no colours).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def ansible_env(extra: Mapping[str, str] | None = None, path: Sequence[os.PathLike[str] | str] = ()) -> dict[str, str]:
+    """This process's environment with `path` then this venv's bin first on PATH and colour off, plus `extra`."""
+    search = [str(p) for p in path] + [str(BIN), os.environ.get("PATH", "")]
+    return {**os.environ, "PATH": ":".join(search), "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0",
+            "ANSIBLE_RETRY_FILES_ENABLED": "0", **(extra or {})}
+
+
+@dataclass
+class RoleRun:
+    """One ansible-playbook run of a role: the process, its output, the kept fact and the host's recap."""
+
+    proc: subprocess.CompletedProcess[str]
+    result: dict[str, Any]
+    recap: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def out(self) -> str:
+        return self.proc.stdout + self.proc.stderr
+
+    @property
+    def changed(self) -> int:
+        return self.recap.get("changed", -1)
+
+    @property
+    def failed(self) -> int:
+        return self.recap.get("failed", -1)
+
+
+def run_role(run_dir: Path, role: str, host: str, variables: Mapping[str, Any], *args: str,
+             result_var: str | None = None, env: Mapping[str, str] | None = None,
+             path: Sequence[os.PathLike[str] | str] = (), timeout: float = 300) -> RoleRun:
+    """ansible-playbook with `role` on `host` (this machine, connection local) and `variables` as extra vars.
+
+    `result_var`, when the role sets it, is written to the run folder by a post task (also in check mode) and
+    returned as `result` ({} when the role did not set it). `env` and `path` go to ansible_env.
+    """
+    run_dir.mkdir(parents=True)
+    inventory, play, extra = run_dir / "inventory.yml", run_dir / "play.yml", run_dir / "vars.yml"
+    result_file = run_dir / "result.json"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {host: {
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))
+    post_tasks = []
+    if result_var:
+        post_tasks.append({"name": "Keep the role's result for the test", "ansible.builtin.copy": {
+            "content": f"{{{{ {result_var} | to_nice_json }}}}", "dest": str(result_file), "mode": "0644"},
+            "check_mode": False, "changed_when": False, "when": f"{result_var} is defined"})
+    play.write_text(yaml.safe_dump([{"name": f"Role {role}", "hosts": host, "gather_facts": False,
+                                     "roles": [{"role": role}], "post_tasks": post_tasks}], sort_keys=False))
+    extra.write_text(yaml.safe_dump(dict(variables)))
+    full_env = ansible_env({"ANSIBLE_FILTER_PLUGINS": str(ROOT / "plugins" / "filter"),
+                            "ANSIBLE_ROLES_PATH": str(ROOT / "roles"), "ANSIBLE_LOCAL_TEMP": str(run_dir / "tmp"),
+                            **(env or {})}, path)
+    proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), str(play), "-e", f"@{extra}", *args],
+                          cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+    result = json.loads(result_file.read_text()) if result_file.exists() else {}
+    recap = re.search(rf"^{re.escape(host)}\s*:\s*((?:\w+=\d+\s*)+)$", proc.stdout, re.MULTILINE)
+    counts = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", recap.group(1))} if recap else {}
+    return RoleRun(proc, result, counts)
