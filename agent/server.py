@@ -152,7 +152,8 @@ class ProcessServer:
             self.proc.wait(timeout=30)
             if not wait_until(lambda: not _group_alive(pgid), 30):
                 raise RuntimeError(f"process group {pgid} survived SIGKILL")
-        if not wait_until(lambda: not port_in_use(self.port, self.host), 30):
+        if not wait_until(lambda: not port_in_use(self.port, self.host)
+                          or not any(_pgid(p) == pgid for p in listener_pids(self.port)), 30):
             raise RuntimeError(f"port {self.port} still in use after the server stopped")
 
 

@@ -129,7 +129,8 @@ class SystemdServer:
                 _systemctl("kill", "--signal=SIGKILL", self.unit)
                 if not wait_until(lambda: self._show().get("ActiveState") in ("inactive", "failed"), 30):
                     raise RuntimeError(f"{self.unit} did not stop")
-            if not wait_until(lambda: not port_in_use(self.port, self.host), 30):
+            if not wait_until(lambda: not port_in_use(self.port, self.host)
+                              or not any(self.unit in _cgroup(p) for p in listener_pids(self.port)), 30):
                 raise RuntimeError(f"port {self.port} still in use after {self.unit} stopped")
         finally:
             write_atomic(self.log_path, self.journal().encode())

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -96,3 +97,23 @@ def test_port_already_taken_is_refused_before_start(tmp_path: Path) -> None:
         assert exc.value.reason == "port_in_use"
         assert s.proc is None
         other.getsockname()  # the other process's socket is untouched
+
+
+def test_port_taken_after_the_check_is_not_mistaken_for_our_server(tmp_path: Path) -> None:
+    """Another program binds the port between the check and the engine's bind, and answers /health:
+    readiness is refused because the listener is not in the server's process group."""
+    port = free_port()
+    s = ProcessServer([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ),
+                      tmp_path / "server.log", port)
+    s.start()  # the port is free now; our "engine" never binds it
+    other = subprocess.Popen([sys.executable, "-c", SERVER, str(port), "0"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout and other.stdout.readline().startswith("listening")
+        with pytest.raises(StartupFailed) as exc:
+            s.wait_ready("/health", 10)
+        assert exc.value.reason == "port_in_use" and str(other.pid) in exc.value.detail
+        assert other.poll() is None  # the other program is left alone
+    finally:
+        s.stop(5)
+        other.kill()
+        other.wait()
