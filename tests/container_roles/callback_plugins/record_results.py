@@ -1,7 +1,7 @@
 """Test-only aggregate callback: writes every task result of a run to the JSON file named by the
-RECORD_RESULTS environment variable, so tests can inspect what each task did (status, msg, facts) while
-stdout keeps the default human output. Enabled by tests/unit/test_container_roles_render.py through
-ANSIBLE_CALLBACK_PLUGINS and ANSIBLE_CALLBACKS_ENABLED.
+RECORD_RESULTS environment variable, so tests can inspect what each task did (status, role, msg, facts) while
+stdout keeps the default human output. Enabled by tests/unit/test_container_roles_render.py and
+tests/integration/test_provision_hosts.py through ANSIBLE_CALLBACK_PLUGINS and ANSIBLE_CALLBACKS_ENABLED.
 """
 from __future__ import annotations
 
@@ -25,7 +25,9 @@ class CallbackModule(CallbackBase):
         data = json.loads(self._dump_results(result._result, indent=None))
         if status == "ok" and data.get("changed"):
             status = "changed"
+        role = result._task._role
         self.records.append({"task": result._task.name, "host": result._host.get_name(),
+                             "role": role.get_name() if role is not None else None,
                              "status": status, "result": data})
 
     def v2_runner_on_ok(self, result) -> None:
