@@ -22,6 +22,7 @@ import pytest
 
 from .conftest import ENGINE_PY, ROOT, Bench, reduced_matrix
 from .test_failures import requests_served, wait_for
+from .test_security import listening
 
 CAPTURES = ROOT.parent / "shared" / "fixtures" / "nvidia-h200"
 FAKES = ROOT / "tests" / "fakes"
@@ -104,6 +105,7 @@ def test_http_errors_frozen_server_gpu_held_and_startup_exit_in_one_suite(bench:
 
         # 2. freeze the engine mid-config (after the warmup and two timed requests)
         frozen = wait_for(lambda: ready("frozen"), 600, "frozen ready")
+        assert listening(frozen["port"]) == {"127.0.0.1"}  # loopback only, by default
         wait_for(lambda: requests_served(frozen["port"]) >= 3, 120, "timed requests")
         os.killpg(frozen["server_pid"], signal.SIGSTOP)
         # 9. meanwhile a process keeps GPU memory (past this config's own release check)

@@ -122,6 +122,9 @@ def test_controller_killed_mid_config_then_rerun(two_host_run: tuple[Bench, str]
         while not any(e["event"] == "config_ready" for e in host_events(testhosts, "th1", run)):
             assert proc.poll() is None and time.monotonic() < end, "no config became ready"
             time.sleep(0.5)
+        # the engine runs as the unprivileged service user, never as root
+        assert testhosts.ssh("th1", "pgrep -u specfleet -f vllm.entrypoints", check=False).stdout.strip()
+        assert testhosts.ssh("th1", "pgrep -u root -f vllm.entrypoints", check=False).stdout.strip() == ""
         os.killpg(proc.pid, signal.SIGKILL)  # the controller dies in the middle of a config
         proc.wait(timeout=30)
     finally:
@@ -152,4 +155,43 @@ def test_model_unreadable_by_the_service_user_is_refused_before_start(testhosts:
     assert "/opt/models/target: not readable by specfleet: /opt/models/target/model.safetensors" in res.stdout
     for host in HOSTS:
         assert testhosts.ssh(host, "ls /var/lib/specfleet/results/it-unreadable", check=False).returncode != 0
+    assert_clean(testhosts)
+
+
+def test_one_host_unreachable_mid_suite_the_other_completes(two_host_run: tuple[Bench, str], testhosts: TestHosts,
+                                                           tmp_path: Path) -> None:
+    """th2's link goes down while its suite runs: th1 completes and is reported, th2 is reported unreachable;
+    once th2 is back, a re-run with the same run id picks up what th2 did meanwhile and completes it."""
+    run = "it-unreachable"
+    bench = Bench(tmp_path)
+    env = {**bench.env(), "ANSIBLE_SSH_ARGS": "-o ControlMaster=auto -o ControlPersist=300s "
+                                              "-o ServerAliveInterval=3 -o ServerAliveCountMax=2"}
+    veth = testhosts.netns("th2")  # th2's end of the bridge
+    proc = subprocess.Popen(bench.command({"run_id": run}, limit="testhosts"), cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        end = time.monotonic() + 600
+        while not any(e["event"] == "config_start" for e in host_events(testhosts, "th2", run)):
+            assert proc.poll() is None and time.monotonic() < end, "th2 never started a config"
+            time.sleep(0.5)
+        subprocess.run(["ip", "link", "set", veth, "down"], check=True)
+        out, _ = proc.communicate(timeout=900)
+    finally:
+        subprocess.run(["ip", "link", "set", veth, "up"], check=True)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    assert re.search(r"th2\s+: .*unreachable=1", out) or re.search(r"fatal: \[th2\].*UNREACHABLE", out), out[-3000:]
+    assert re.search(r"th1\s+: ok=\d+ .*unreachable=0\s+failed=0", out), out[-3000:]
+    first = statuses(bench.results, run)
+    assert {h for h, _ in first} == {"th1"} and all(s["status"] == "ok" for s in first.values())
+    assert (bench.results / run / "report.csv").exists()  # th1's table, made without th2
+
+    res = bench.run({"run_id": run}, limit="th2", timeout=1200)  # th2 is back: resume it
+    assert res.returncode == 0, res.stdout[-5000:]
+    started = Counter(e["config_id"] for e in host_events(testhosts, "th2", run) if e["event"] == "config_start")
+    assert started == {"tp1-autoregressive": 1, "tp1-ngram-k2": 1}, started  # its suite went on, nothing twice
+    both = statuses(bench.results, run)
+    assert {h for h, _ in both} == {"th1", "th2"} and all(s["status"] == "ok" for s in both.values())
+    assert cells(bench.results, run) == cells(two_host_run[0].results, "it-two")
     assert_clean(testhosts)
