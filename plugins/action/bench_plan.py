@@ -5,11 +5,13 @@ reached. Fails naming the offending variable and what is allowed.
 """
 from __future__ import annotations
 
+import difflib
 import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
@@ -18,6 +20,28 @@ from agent import matrix, secrets  # noqa: E402
 from agent.store import redact_argv, redact_env  # noqa: E402
 
 display = Display()
+ROLE = Path(__file__).resolve().parents[2] / "roles" / "bench"
+
+
+def known_variables() -> set[str]:
+    """Every bench_* variable the role reads: its defaults and its argument specs."""
+    names = set(yaml.safe_load((ROLE / "defaults" / "main.yml").read_text()) or {})
+    specs = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())["argument_specs"]
+    for entry in specs.values():
+        names |= set(entry.get("options") or {})
+    return names | {"bench_run_id"}
+
+
+def unknown_variables(task_vars: dict[str, Any]) -> list[str]:
+    """`bench_*` variables set for the host that the role does not know (a typo is silently ignored
+    otherwise), each with the closest known name."""
+    known = known_variables()
+    out = []
+    for name in sorted(k for k in task_vars if k.startswith("bench_") and k not in known):
+        close = difflib.get_close_matches(name, known, n=1)
+        out.append(f"{name}: unknown variable" + (f"; did you mean {close[0]}?" if close else
+                                                   f"; allowed: {', '.join(sorted(known))}"))
+    return out
 
 
 def _hms(seconds: float) -> str:
@@ -66,6 +90,10 @@ class ActionModule(ActionBase):
         if isinstance(phases, str):
             phases = [p.strip() for p in phases.split(",") if p.strip()]
         host = (task_vars or {}).get("inventory_hostname", "?")
+        unknown = unknown_variables(task_vars or {})
+        if unknown:
+            result.update(failed=True, msg=f"invalid benchmark matrix for {host}:\n" + "\n".join(unknown))
+            return result
         hidden, _ = secrets.split(suite)  # configs and this result never hold a secret
         try:
             matrix.validate(suite, phases)

@@ -169,3 +169,11 @@ def test_inventory_host_vars_with_a_malformed_matrix(bench: Bench) -> None:
     assert "bench_model.path: is required; allowed: a non-empty string" in out
     assert "bench_max_tokens[0]: 0 is less than the minimum of 1; allowed: an integer >= 1" in out
     assert "bench_draft_model.revison: unknown key; allowed keys: max_model_len, name, path, revision" in out
+
+
+def test_inventory_host_vars_with_a_misspelled_variable(bench: Bench) -> None:
+    """A misspelled bench_* variable would otherwise be silently ignored (the default used instead)."""
+    host_vars = {**GOOD_HOST_VARS, "bench_repetitons": 5, "bench_phses": []}
+    out = assert_nothing_started(bench, run_badhost(bench, yaml.safe_dump(host_vars)))
+    assert "bench_repetitons: unknown variable; did you mean bench_repetitions?" in out
+    assert "bench_phses: unknown variable; did you mean bench_phases?" in out
