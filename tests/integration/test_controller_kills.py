@@ -37,7 +37,7 @@ def test_controller_killed_at_random_points_twenty_times(bench: Bench, tmp_path:
             out, _ = proc.communicate(timeout=900)
             assert proc.returncode == 0, out[-4000:]
             break
-        delay = rng.uniform(0.5, 22.0)
+        delay = rng.uniform(0.5, 18.0)
         try:
             out, _ = proc.communicate(timeout=delay)
             finished_early += 1
