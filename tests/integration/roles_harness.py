@@ -20,6 +20,17 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+# /etc/pve/lxc/200.conf of a container before any passthrough (the pct stand-in serves it)
+PVE_CT200_CONF = """\
+arch: amd64
+cores: 32
+hostname: ct200
+memory: 262144
+net0: name=eth0,bridge=vmbr0,hwaddr=BC:24:11:5E:12:A0,ip=dhcp,type=veth
+ostype: ubuntu
+rootfs: local-lvm:vm-200-disk-0,size=200G
+swap: 0
+"""
 
 
 def ansible_env(extra: Mapping[str, str] | None = None, path: Sequence[os.PathLike[str] | str] = ()) -> dict[str, str]:

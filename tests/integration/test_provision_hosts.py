@@ -67,8 +67,9 @@ import pytest
 import yaml
 
 from tests.hosts.testhosts import TestHosts
+from tests.sglang_source import git, make_sglang_source
 
-from .roles_harness import BIN, ROOT, ansible_env
+from .roles_harness import BIN, PVE_CT200_CONF, ROOT, ansible_env
 
 STATE = ROOT / ".work/testhosts-prov"
 BRIDGE, SUBNET, GATEWAY = "sfbr1", "10.99.1.0/24", "10.99.1.1"
@@ -87,29 +88,6 @@ SKIP = ["--skip-tags", "gpu_smoke_cuda"]  # CUDA on a real GPU only
 ROLES = ("pve_gpu_passthrough", "nvidia_userspace", "cuda_toolkit", "sglang", "flash_attn", "model_weights",
          "gpu_smoke", "bench")
 
-BASE_CONF = """\
-arch: amd64
-cores: 32
-hostname: ct200
-memory: 262144
-net0: name=eth0,bridge=vmbr0,hwaddr=BC:24:11:5E:12:A0,ip=dhcp,type=veth
-ostype: ubuntu
-rootfs: local-lvm:vm-200-disk-0,size=200G
-swap: 0
-"""
-SPEC_PY = 'ALGORITHMS = ["EAGLE", "DFLASH"]\n'
-PYPROJECT = """[build-system]
-requires = ["setuptools>=61"]
-build-backend = "setuptools.build_meta"
-
-[project]
-name = "sglang"
-version = "0.0.1"
-dependencies = ["torch", "huggingface_hub"]
-
-[tool.setuptools.packages.find]
-include = ["sglang*"]
-"""
 HEALTH_UNIT = f"""[Unit]
 Description=specfleet test service with a health URL (stands for the engine server)
 
@@ -126,12 +104,6 @@ pytestmark = [
 
 # ------------------------------------------------------------------------------------------------ the staging folder
 
-def git(cwd: Path, *args: str) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@example.org", "GIT_CONFIG_GLOBAL": "/dev/null"}
-    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout
-
-
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -142,32 +114,6 @@ def driver_version() -> str:
     match = re.search(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+\.\d+)", text)
     assert match, text
     return match.group(1)
-
-
-def make_sglang_source(stage: Path) -> Path:
-    """A repository shaped like SGLang's (python/sglang, python/pyproject.toml) tagged v0.0.1, and two patches made
-    with git diff: one changes a line, one adds a file. Returns the patch folder (read on the controller)."""
-    repo = stage / "sglang"
-    (repo / "python/sglang/srt").mkdir(parents=True)
-    (repo / "python/sglang/__init__.py").write_text('__version__ = "0.0.1"\n')
-    (repo / "python/sglang/srt/__init__.py").write_text("")
-    (repo / "python/sglang/srt/spec.py").write_text(SPEC_PY)
-    (repo / "python/pyproject.toml").write_text(PYPROJECT)
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "add", ".")
-    git(repo, "commit", "-q", "-m", "v0.0.1")
-    git(repo, "tag", "v0.0.1")
-    patches = stage / "patches"
-    patches.mkdir()
-    (repo / "python/sglang/srt/spec.py").write_text(SPEC_PY.replace('"DFLASH"]', '"DFLASH", "DDTREE"]'))
-    (patches / "0001-ddtree.patch").write_text(git(repo, "diff"))
-    git(repo, "checkout", "-q", "--", ".")
-    (repo / "python/sglang/srt/ddtree.py").write_text("BUDGET = 64\n")
-    git(repo, "add", "python/sglang/srt/ddtree.py")
-    (patches / "0002-ddtree-budget.patch").write_text(git(repo, "diff", "--cached"))
-    git(repo, "reset", "-q", "--hard", "v0.0.1")
-    git(repo, "clean", "-fdq")
-    return patches
 
 
 def deb(stage: Path, package: str, version: str, arch: str, files: dict[str, tuple[str, int]],
@@ -231,7 +177,8 @@ def make_wheel(path: Path, name: str, version: str) -> None:
 
 
 def make_stage(stage: Path) -> Path:
-    patches = make_sglang_source(stage)
+    patches = stage / "patches"
+    make_sglang_source(stage / "sglang", patches, dependencies=["torch", "huggingface_hub"])
     nvidia = stage / "nvidia"
     nvidia.mkdir()
     shutil.copy(FAKES / "nvidia-driver/nvidia-runfile", nvidia / f"NVIDIA-Linux-x86_64-{driver_version()}.run")
@@ -339,7 +286,7 @@ def setup_hosts(th: TestHosts) -> None:
         "exec /opt/specfleet-fakes/pveversion \"$@\"\\n' > /usr/local/sbin/pveversion",
         "chmod 0755 /usr/local/sbin/pct /usr/local/sbin/pveversion",
     ]))
-    pve_conf = BASE_CONF.replace("\n", "\\n")
+    pve_conf = PVE_CT200_CONF.replace("\n", "\\n")
     th.ssh(HOSTS[PVE], f"printf '{pve_conf}' > /etc/pve/lxc/{CTID}.conf && echo running > /etc/pve/lxc/{CTID}.status")
     unit = HEALTH_UNIT.replace("\n", "\\n")
     th.ssh(HOSTS[CT], f"{kernel_side} && printf '{unit}' > /etc/systemd/system/specfleet-health.service && "

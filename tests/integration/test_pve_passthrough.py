@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from .roles_harness import ROOT, RoleRun, run_role
+from .roles_harness import PVE_CT200_CONF, ROOT, RoleRun, run_role
 
 FIXTURES = ROOT.parent / "shared" / "fixtures" / "nvidia-h200"
 FAKES = ROOT / "tests" / "fakes"
@@ -28,16 +28,6 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="the simulated /dev/nvidia* nodes are made with mknod (needs root)"),
 ]
 
-BASE_CONF = """\
-arch: amd64
-cores: 32
-hostname: ct200
-memory: 262144
-net0: name=eth0,bridge=vmbr0,hwaddr=BC:24:11:5E:12:A0,ip=dhcp,type=veth
-ostype: ubuntu
-rootfs: local-lvm:vm-200-disk-0,size=200G
-swap: 0
-"""
 
 
 def captured_nodes() -> dict[str, tuple[int, int]]:
@@ -69,7 +59,7 @@ class PveHost:
         self.driver_version.write_text((FIXTURES / "proc-driver-version.txt").read_text())
         for name, (major, minor) in captured_nodes().items():
             self.mknod(name, major, minor)
-        self.conf.write_text(BASE_CONF)
+        self.conf.write_text(PVE_CT200_CONF)
         (self.pve / f"{CTID}.status").write_text("running\n")
         self.runs = 0
 
@@ -204,7 +194,7 @@ def test_pve74_raw_lines_then_uvm_major_moves(host: PveHost) -> None:
         f"lxc.mount.entry: {dev}/nvidia-uvm dev/nvidia-uvm none bind,optional,create=file",
         f"lxc.mount.entry: {dev}/nvidia-uvm-tools dev/nvidia-uvm-tools none bind,optional,create=file",
     ]
-    assert host.conf.read_text().startswith(BASE_CONF)
+    assert host.conf.read_text().startswith(PVE_CT200_CONF)
     assert first.result["method"] == "raw" and first.result["cgroup_version"] == "2"
 
     again = host.run("7.4-17", pve_gpu_passthrough_cgroup_version="2").ok()
@@ -241,7 +231,7 @@ def test_pending_devn_changes_of_an_interrupted_run_get_their_restart(host: PveH
     (pending applied), `pct config --current` does not; the role sets nothing and restarts once."""
     dev = host.dev
     names = ["nvidia0", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]
-    host.conf.write_text(BASE_CONF + "".join(f"dev{i}: {dev}/{n}\n" for i, n in enumerate(names)))
+    host.conf.write_text(PVE_CT200_CONF + "".join(f"dev{i}: {dev}/{n}\n" for i, n in enumerate(names)))
     env = {**os.environ, "PCT_STATE_DIR": str(host.pve), "PCT_LOG": str(host.tmp / "setup-calls.jsonl")}
     args = [a for i, n in enumerate(names) for a in (f"--dev{i}", f"{dev}/{n},mode=0666")]
     subprocess.run([str(FAKES / "pct"), "set", str(CTID), *args], env=env, check=True)
@@ -270,4 +260,4 @@ def test_missing_node_or_module_fails_before_the_container_is_touched(host: PveH
     host.proc_devices.write_text(host.proc_devices.read_text().replace("238 nvidia-uvm\n", ""))
     unloaded = host.run("8.2.4")
     assert unloaded.proc.returncode != 0 and "no nvidia-uvm" in unloaded.out
-    assert BASE_CONF == host.conf.read_text()
+    assert PVE_CT200_CONF == host.conf.read_text()

@@ -37,6 +37,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
+from tests.sglang_source import SPEC_PY, git, make_sglang_source
 
 BIN = Path(sys.executable).parent
 WHEELHOUSE = ROOT / ".cache/wheelhouse"
@@ -88,12 +89,6 @@ def play(tmp: Path, role: str, extra: dict[str, Any], *args: str, check: bool = 
     return Run(proc, record)
 
 
-def git(cwd: Path, *args: str) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@example.org", "GIT_CONFIG_GLOBAL": "/dev/null"}
-    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout
-
-
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -123,44 +118,12 @@ def test_every_default_is_prefixed_and_documented(role: str) -> None:
 
 # ---------------------------------------------------------------- sglang: patches on a real git repository
 
-SPEC_PY = 'ALGORITHMS = ["EAGLE", "DFLASH"]\n\n\ndef supported(name):\n    return name in ALGORITHMS\n'
-PYPROJECT = """[build-system]
-requires = ["setuptools>=61"]
-build-backend = "setuptools.build_meta"
-
-[project]
-name = "sglang"
-version = "0.0.1"
-
-[tool.setuptools.packages.find]
-include = ["sglang*"]
-"""
-
-
 @pytest.fixture
 def upstream(tmp_path: Path) -> dict[str, Path]:
     """A repository shaped like SGLang's (python/sglang/...) tagged v0.0.1, and patches made by git diff."""
-    repo = tmp_path / "upstream"
-    (repo / "python/sglang/srt").mkdir(parents=True)
-    (repo / "python/sglang/__init__.py").write_text('__version__ = "0.0.1"\n')
-    (repo / "python/sglang/srt/__init__.py").write_text("")
-    (repo / "python/sglang/srt/spec.py").write_text(SPEC_PY)
-    (repo / "python/pyproject.toml").write_text(PYPROJECT)
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "add", ".")
-    git(repo, "commit", "-q", "-m", "v0.0.1")
-    git(repo, "tag", "v0.0.1")
-    patches = tmp_path / "patches"
-    patches.mkdir()
-    # 0001: change a line; 0002: add a file (depends on nothing); conflict: made against other content.
-    (repo / "python/sglang/srt/spec.py").write_text(SPEC_PY.replace('"DFLASH"]', '"DFLASH", "DDTREE"]'))
-    (patches / "0001-ddtree.patch").write_text(git(repo, "diff"))
-    git(repo, "checkout", "-q", "--", ".")
-    (repo / "python/sglang/srt/ddtree.py").write_text("BUDGET = 64\n")
-    git(repo, "add", "python/sglang/srt/ddtree.py")
-    (patches / "0002-ddtree-budget.patch").write_text(git(repo, "diff", "--cached"))
-    git(repo, "reset", "-q")
-    (repo / "python/sglang/srt/ddtree.py").unlink()
+    repo, patches = tmp_path / "upstream", tmp_path / "patches"
+    make_sglang_source(repo, patches)
+    # a conflicting patch: made against other content of the same line
     other = SPEC_PY.replace('["EAGLE", "DFLASH"]', '["EAGLE", "NGRAM"]')
     (repo / "python/sglang/srt/spec.py").write_text(other)
     git(repo, "commit", "-q", "-am", "other line")
