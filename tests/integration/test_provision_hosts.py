@@ -46,7 +46,6 @@ on the test hosts in test_testhosts_suite.py.
 """
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import os
@@ -57,7 +56,6 @@ import stat
 import subprocess
 import sys
 import time
-import zipfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,8 +64,8 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
+from tests.builders import git, make_sglang_source, make_wheel
 from tests.hosts.testhosts import TestHosts
-from tests.sglang_source import git, make_sglang_source
 
 from .roles_harness import BIN, PVE_CT200_CONF, ROOT, ansible_env
 
@@ -156,24 +154,6 @@ def make_cuda_repo(stage: Path) -> None:
                                  text=True).stdout.rstrip("\n")
         entries.append(f"{control}\nFilename: ./{path.name}\nSize: {path.stat().st_size}\nSHA256: {sha256(path)}\n")
     (stage / "cuda/Packages").write_text("\n".join(entries))
-
-
-def make_wheel(path: Path, name: str, version: str) -> None:
-    """A real (pure-Python) wheel file, as pip installs it."""
-    files = {f"{name}/__init__.py": f'__version__ = "{version}"\n',
-             f"{name}-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-             f"{name}-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: specfleet-tests\n"
-                                                  "Root-Is-Purelib: true\nTag: py3-none-any\n"}
-    record = []
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(path, "w") as z:
-        for arc, text in files.items():
-            data = text.encode()
-            z.writestr(arc, data)
-            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-            record.append(f"{arc},sha256={digest},{len(data)}")
-        record.append(f"{name}-{version}.dist-info/RECORD,,")
-        z.writestr(f"{name}-{version}.dist-info/RECORD", "\n".join(record) + "\n")
 
 
 def make_stage(stage: Path) -> Path:

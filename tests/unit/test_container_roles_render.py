@@ -29,15 +29,14 @@ import shutil
 import stat
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from tests.builders import SPEC_PY, git, make_sglang_source, make_wheel
 from tests.conftest import ROOT
-from tests.sglang_source import SPEC_PY, git, make_sglang_source
 
 BIN = Path(sys.executable).parent
 WHEELHOUSE = ROOT / ".cache/wheelhouse"
@@ -405,25 +404,6 @@ def test_cuda_toolkit_profile_script_rendered_and_sourced(tmp_path: Path) -> Non
 
 # ---------------------------------------------------------------- flash_attn
 
-def _wheel(path: Path, name: str, version: str) -> None:
-    """A real (pure-Python) wheel file of `name`, as pip would install it."""
-    import base64
-
-    files = {f"{name}/__init__.py": f'__version__ = "{version}"\n',
-             f"{name}-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-             f"{name}-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
-                                                  "Tag: py3-none-any\n"}
-    record = []
-    with zipfile.ZipFile(path, "w") as z:
-        for arc, text in files.items():
-            data = text.encode()
-            z.writestr(arc, data)
-            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-            record.append(f"{arc},sha256={digest},{len(data)}")
-        record.append(f"{name}-{version}.dist-info/RECORD,,")
-        z.writestr(f"{name}-{version}.dist-info/RECORD", "\n".join(record) + "\n")
-
-
 def _expected_jobs() -> int:
     import importlib.util
 
@@ -454,7 +434,7 @@ def test_flash_attn_installs_the_kept_wheel_of_its_key_and_never_rebuilds(tmp_pa
     cache = tmp_path / "wheels"
     key = f"fa2.8.3-torch2.9.1+cu128-cuda12.8-sm120-py{pyver}"
     (cache / key).mkdir(parents=True)
-    _wheel(cache / key / "flash_attn-2.8.3-py3-none-any.whl", "flash_attn", "2.8.3")
+    make_wheel(cache / key / "flash_attn-2.8.3-py3-none-any.whl", "flash_attn", "2.8.3")
     v = {"flash_attn_enabled": True, "flash_attn_python": str(venv / "bin/python"), "flash_attn_gpu_archs": ["12.0"],
          "flash_attn_cuda_home": str(tmp_path / "cuda"), "flash_attn_cache_dir": str(cache)}
 

@@ -1,10 +1,13 @@
-"""A repository shaped like SGLang's (python/sglang/..., tagged v0.0.1) and two real patches made with
-`git diff` (one changes a line, one adds a file): the source the sglang role's tests check out and patch."""
+"""Real artifacts the role tests install: a repository shaped like SGLang's (python/sglang/..., tagged v0.0.1)
+with two real patches made by `git diff` (one changes a line, one adds a file), and pure-Python wheels."""
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import subprocess
+import zipfile
 from pathlib import Path
 from typing import Sequence
 
@@ -45,3 +48,21 @@ def make_sglang_source(repo: Path, patches: Path, dependencies: Sequence[str] = 
     (patches / PATCHES[1]).write_text(git(repo, "diff", "--cached"))
     git(repo, "reset", "-q", "--hard", "v0.0.1")
     git(repo, "clean", "-fdq")
+
+
+def make_wheel(path: Path, name: str, version: str) -> None:
+    """A real (pure-Python) wheel file of `name`, as pip installs it."""
+    files = {f"{name}/__init__.py": f'__version__ = "{version}"\n',
+             f"{name}-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{name}-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: specfleet-tests\n"
+                                                  "Root-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = []
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as z:
+        for arc, text in files.items():
+            data = text.encode()
+            z.writestr(arc, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            record.append(f"{arc},sha256={digest},{len(data)}")
+        record.append(f"{name}-{version}.dist-info/RECORD,,")
+        z.writestr(f"{name}-{version}.dist-info/RECORD", "\n".join(record) + "\n")
