@@ -7,6 +7,7 @@ stop, an exit during startup, then a normal config); the others need their own s
 health deadline, a fixed port, a tiny filesystem)."""
 from __future__ import annotations
 
+import http.client
 import http.server
 import json
 import os
@@ -214,7 +215,10 @@ def test_port_taken_by_another_process_is_named_and_left_alone(bench: Bench) -> 
         assert f"port {port} on 127.0.0.1 is already taken" in base["detail"]
         assert st["tp1-ngram-k2"]["reason"] == "baseline_failed"
         assert _Foreign.hits == []  # not one request was sent to the other program
-        assert threading.active_count() > 1 and foreign.socket.fileno() != -1
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/still-there")
+        assert conn.getresponse().status == 200 and _Foreign.hits == ["/still-there"]  # and it still serves
+        conn.close()
     finally:
         foreign.shutdown()
         foreign.server_close()
