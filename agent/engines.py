@@ -104,8 +104,8 @@ class Engine:
     def request(self, model: str, prompt: str | list[int], max_tokens: int, sampling: dict[str, Any],
                 salt: str) -> dict[str, Any]:
         """The JSON body of one streamed generation request."""
-        temperature = sampling.get("temperature", 0.0)
-        ignore_eos = bool(sampling.get("ignore_eos", False))
+        temperature = sampling["temperature"]
+        ignore_eos = bool(sampling["ignore_eos"])
         if self.name == "vllm":
             return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
                     "ignore_eos": ignore_eos, "stream": True, "stream_options": {"include_usage": True},

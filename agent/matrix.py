@@ -113,6 +113,43 @@ SCHEMA = {
 }
 
 
+# Every default of the matrix, defined once. The role's defaults/main.yml and meta/argument_specs.yml
+# document the same values (a test compares them); a mapping variable set in part keeps these defaults
+# for the keys it does not set (Ansible replaces a dict variable whole).
+DEFAULTS: dict[str, Any] = {
+    "engine": "vllm",
+    "backend": "process",
+    "engine_python": "/opt/specfleet/engine/bin/python",
+    "engine_patches": [],
+    "draft_model": None,
+    "gpu_count": 0,
+    "bind_host": "127.0.0.1",
+    "port": 0,
+    "api_key": "",
+    "server_args": [],
+    "env": {},
+    "sampling": {"temperature": 0.0, "ignore_eos": False},
+    "repetitions": 3,
+    "max_tokens": [256],
+    "warmup_max_tokens": 32,
+    "workloads": {},
+    "timeouts": {"health_s": 900, "request_s": 900, "stop_s": 60, "release_s": 120},
+    "estimate": {"startup_s": 120, "tok_s": 25, "prefill_tok_s": 5000},
+}
+PARTIAL = ("sampling", "timeouts", "estimate")   # mappings completed key by key
+
+
+def with_defaults(suite: dict[str, Any]) -> dict[str, Any]:
+    """The suite with every default filled in: missing variables whole, partial mappings key by key.
+    Values of the wrong type are left as they are, for `validate` to name."""
+    if not isinstance(suite, dict):
+        return suite
+    out = {k: json.loads(json.dumps(v)) for k, v in DEFAULTS.items() if k not in suite}
+    for k, v in suite.items():
+        out[k] = {**DEFAULTS[k], **v} if k in PARTIAL and isinstance(v, dict) else v
+    return out
+
+
 class MatrixError(ValueError):
     """A matrix problem; the message names the field and what is allowed."""
 
@@ -322,17 +359,18 @@ def is_loopback(host: str) -> bool:
 
 def validate(suite: dict[str, Any], phases: list[str] | None = None) -> None:
     """Raise MatrixError listing every problem, each naming its field."""
+    suite = with_defaults(suite)
     errors = _schema_errors(suite)
     if errors:
         raise MatrixError("\n".join(errors))
-    bind = suite.get("bind_host", "127.0.0.1")
-    key = suite.get("api_key") or ""
+    bind = suite["bind_host"]
+    key = suite["api_key"] or ""
     if not is_loopback(bind) and len(key) < 16 and not PLACEHOLDER.fullmatch(key):
         errors.append(f"{PREFIX}api_key: servers bound to {bind} are reachable from the network and need an API "
                       f"key of at least 16 characters (keep it in a vault); or set {PREFIX}bind_host: 127.0.0.1")
     engine = ENGINES[suite["engine"]]
-    known = set(workloads.known()) | set(suite.get("workloads", {}))
-    gpus = suite.get("gpu_count", 0)
+    known = set(workloads.known()) | set(suite["workloads"])
+    gpus = suite["gpu_count"]
     max_tp = gpus if gpus > 0 else 1
     max_len = suite["model"].get("max_model_len")
     seen_ids: dict[str, str] = {}
@@ -374,7 +412,7 @@ def validate(suite: dict[str, Any], phases: list[str] | None = None) -> None:
                     errors.append(f"{sw}.methods[{k}]: {m!r} is not a config of phase {phase['name']}; "
                                   f"allowed: {', '.join(labels)}")
             if max_len:
-                out_len = max(sweep.get("max_tokens", suite.get("max_tokens", [256])))
+                out_len = max(sweep.get("max_tokens", suite["max_tokens"]))
                 context = max(sweep.get("context_tokens", [0]))
                 if context + out_len > max_len:
                     field = (f"{sw}.context_tokens" if context else f"{sw}.max_tokens" if "max_tokens" in sweep
@@ -392,7 +430,7 @@ def validate(suite: dict[str, Any], phases: list[str] | None = None) -> None:
 def _cells(suite: dict[str, Any], sweep: dict[str, Any]) -> list[dict[str, int | str]]:
     return [{"workload": w, "max_tokens": mt, "context_tokens": ctx, "concurrency": c}
             for w in sweep["workloads"]
-            for mt in sweep.get("max_tokens", suite.get("max_tokens", [256]))
+            for mt in sweep.get("max_tokens", suite["max_tokens"])
             for ctx in sweep.get("context_tokens", [0])
             for c in sweep.get("concurrency", [1])]
 
@@ -400,10 +438,11 @@ def _cells(suite: dict[str, Any], sweep: dict[str, Any]) -> list[dict[str, int |
 def expand(suite: dict[str, Any], phases: list[str] | None = None) -> list[dict[str, Any]]:
     """Resolved configs in run order: phase by phase, the baseline first in each."""
     validate(suite, phases)
+    suite = with_defaults(suite)
     engine = ENGINES[suite["engine"]]
-    est = {"startup_s": 60.0, "tok_s": 25.0, "prefill_tok_s": 5000.0, **suite.get("estimate", {})}
-    reps_default = suite.get("repetitions", 3)
-    prompts = {**workloads.PROMPTS, **suite.get("workloads", {})}
+    est = suite["estimate"]
+    reps_default = suite["repetitions"]
+    prompts = {**workloads.PROMPTS, **suite["workloads"]}
     out = []
     for phase in suite["phases"]:
         if phases and phase["name"] not in phases:
@@ -430,20 +469,19 @@ def expand(suite: dict[str, Any], phases: list[str] | None = None) -> list[dict[
                 "method": cfg["method"],
                 "method_params": method_params(cfg),
                 "tp": phase.get("tp", 1),
-                "server_args": [*suite.get("server_args", []), *phase.get("server_args", []),
+                "server_args": [*suite["server_args"], *phase.get("server_args", []),
                                 *cfg.get("server_args", [])],
-                "env": {k: str(v) for k, v in {**suite.get("env", {}), **phase.get("env", {}),
+                "env": {k: str(v) for k, v in {**suite["env"], **phase.get("env", {}),
                                                **cfg.get("env", {})}.items()},
-                "sampling": {"temperature": 0.0, "ignore_eos": False, **suite.get("sampling", {})},
-                "warmup_max_tokens": suite.get("warmup_max_tokens", 32),
-                "timeouts": {"health_s": 600.0, "request_s": 600.0, "stop_s": 30.0, "release_s": 120.0,
-                             **suite.get("timeouts", {})},
+                "sampling": dict(suite["sampling"]),
+                "warmup_max_tokens": suite["warmup_max_tokens"],
+                "timeouts": dict(suite["timeouts"]),
                 "cells": cells,
                 "prompts": {c["workload"]: prompts[c["workload"]] for c in cells},
             }
             resolved["command"] = engine.launch_command(suite["engine_python"], resolved,
-                                                        suite.get("bind_host", "127.0.0.1"))
-            if suite.get("api_key"):
+                                                        suite["bind_host"])
+            if suite["api_key"]:
                 argv, env = engine.auth(suite["api_key"])
                 resolved["command"] += argv
                 resolved["env"].update(env)

@@ -7,9 +7,8 @@ from that file before anything runs.
 """
 from __future__ import annotations
 
-import copy
 import re
-from typing import Any
+from typing import Any, Mapping
 
 from .store import SECRET_FLAGS, SECRET_KEY
 
@@ -20,9 +19,25 @@ def is_placeholder(value: Any) -> bool:
     return isinstance(value, str) and PLACEHOLDER.fullmatch(value) is not None
 
 
+def plain(obj: Any) -> Any:
+    """A copy of `obj` made of plain dicts, lists and scalars.
+
+    Ansible 2.19 hands filters lazy template containers; `copy.deepcopy` of one copies its templar and
+    breaks every filter resolved inside the copy, so secrets are split on plain data only.
+    """
+    if isinstance(obj, Mapping):
+        return {k: plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [plain(x) for x in obj]
+    for kind in (str, bool, int, float):
+        if isinstance(obj, kind):
+            return kind(obj)
+    return obj
+
+
 def split(suite: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     """(the suite with placeholders, {placeholder: value}); deterministic for a given suite."""
-    hidden = copy.deepcopy(suite)
+    hidden = plain(suite)
     found: dict[str, str] = {}
 
     def hide(value: str) -> str:

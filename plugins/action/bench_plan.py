@@ -6,6 +6,7 @@ reached. Fails naming the offending variable and what is allowed.
 from __future__ import annotations
 
 import difflib
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from agent import matrix, secrets  # noqa: E402
 from agent.store import redact_argv, redact_env  # noqa: E402
 
 display = Display()
+PREFIX = matrix.PREFIX
 ROLE = Path(__file__).resolve().parents[2] / "roles" / "bench"
 
 
@@ -58,10 +60,19 @@ def _quote(arg: str) -> str:
     return arg if arg == "{port}" else shlex.quote(arg)
 
 
-def describe(host: str, configs: list[dict[str, Any]]) -> list[str]:
-    """The plan as text: each config's exact launch command and environment, requests and time."""
+def _pairs(values: dict[str, Any]) -> str:
+    return " ".join(f"{k}={json.dumps(v)}" for k, v in values.items())
+
+
+def describe(host: str, configs: list[dict[str, Any]], suite: dict[str, Any] | None = None) -> list[str]:
+    """The plan as text: the effective defaults, each config's exact launch command and environment,
+    requests and time."""
     lines = [f"Plan for {host}: {len(configs)} configs, {sum(c['requests'] for c in configs)} timed requests, "
              f"estimated {_hms(sum(c['estimate_s'] for c in configs))}"]
+    if suite:
+        lines += [f"    {PREFIX}{k}: {_pairs(suite[k])}" for k in matrix.PARTIAL]
+        lines.append(f"    {PREFIX}repetitions: {suite['repetitions']}; {PREFIX}max_tokens: {suite['max_tokens']}; "
+                     f"{PREFIX}warmup_max_tokens: {suite['warmup_max_tokens']}")
     for k, c in enumerate(configs, 1):
         cells = c["cells"]
         lines += [
@@ -95,13 +106,14 @@ class ActionModule(ActionBase):
             result.update(failed=True, msg=f"invalid benchmark matrix for {host}:\n" + "\n".join(unknown))
             return result
         hidden, _ = secrets.split(suite)  # configs and this result never hold a secret
+        hidden = matrix.with_defaults(hidden)
         try:
             matrix.validate(suite, phases)
             configs = matrix.expand(hidden, phases)
         except matrix.MatrixError as exc:
             result.update(failed=True, msg=f"invalid benchmark matrix for {host}:\n{exc}")
             return result
-        lines = describe(host, configs)
+        lines = describe(host, configs, hidden)
         if args.get("show"):
             display.display("\n".join(lines))
         result.update(changed=False, configs=configs, suite=hidden, plan_lines=lines,

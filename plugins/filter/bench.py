@@ -3,6 +3,8 @@
 `bench_secrets`: the {placeholder: value} map of a suite's secrets, for the no_log task that writes
 the plan on the host. The `bench_plan` action replaces the same values with the same placeholders
 (agent.secrets.split), so no other task result ever holds a secret.
+`bench_defaults`: a mapping variable (`bench_timeouts`, ...) completed with the matrix's defaults for the
+keys it does not set, e.g. `(bench_timeouts | bench_defaults('timeouts')).stop_s`.
 `bench_number`: a whole number given as a string (`-e bench_repetitions=2`) as that number; any
 other value unchanged, for the validator to judge.
 """
@@ -13,11 +15,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from agent import secrets  # noqa: E402
+from agent import matrix, secrets  # noqa: E402
 
 
 def bench_secrets(suite: dict[str, Any]) -> dict[str, str]:
     return secrets.split(suite)[1]
+
+
+def bench_defaults(value: Any, key: str) -> dict[str, Any]:
+    return {**matrix.DEFAULTS[key], **secrets.plain(value or {})}
 
 
 def bench_number(value: Any) -> Any:
@@ -28,4 +34,5 @@ def bench_number(value: Any) -> Any:
 
 class FilterModule:
     def filters(self) -> dict[str, Callable[..., Any]]:
-        return {"bench_secrets": bench_secrets, "bench_number": bench_number}
+        return {"bench_secrets": bench_secrets, "bench_number": bench_number,
+                "bench_defaults": bench_defaults}

@@ -23,10 +23,7 @@ ALLOW_KEYS = {1: "lxc.cgroup.devices.allow", 2: "lxc.cgroup2.devices.allow"}
 STYLES = ("pve", "lxc")        # `key: value` (/etc/pve/lxc/<ctid>.conf) or `key = value` (/var/lib/lxc/<name>/config)
 # Nodes this module manages; a config line for one of them that is no longer wanted is stale.
 MANAGED_NODE = re.compile(r"^(nvidia\d+|nvidiactl|nvidia-modeset|nvidia-uvm|nvidia-uvm-tools)$")
-MANAGED_DEVICE_NAMES = ("nvidia", "nvidiactl", "nvidia-modeset", UVM)
 
-_ALLOW_RE = re.compile(r"^\s*(lxc\.cgroup2?\.devices\.allow)\s*[:=]\s*([cba])\s+(\d+|\*):(\d+|\*)\s+([rwm]+)\s*$")
-_MOUNT_RE = re.compile(r"^\s*lxc\.mount\.entry\s*[:=]\s*(\S+)\s+(\S+)\s+(\S+)\s+(\S+)(?:\s+\d+\s+\d+)?\s*$")
 _LS_RE = re.compile(r"^([cb])[rwxsStT-]{9}[.+@]?\s+\d+\s+(\S+)\s+(\S+)\s+(\d+),\s*(\d+)\s+.*\s(\S+)$")
 _DEV_KEY = re.compile(r"^dev(\d+)$")
 _VERSION_RE = re.compile(r"\d+(?:\.\d+)+")
@@ -345,54 +342,63 @@ def lxc_line_items(lines: Sequence[str]) -> list[dict[str, str]]:
     return [{"line": line, "regexp": lxc_line_regexp(line)} for line in lines]
 
 
-def lxc_stale_lines(config: Text, wanted: Sequence[str], devices: Union[Text, Mapping[str, int]],
-                    dev_dir: str = "/dev") -> list[str]:
-    """Lines of a container config this module wrote once and that are no longer wanted, exactly as they are
-    in the file (main section only, before any `[section]`).
-
-    - device-cgroup allow lines `c <major>:* rwm` (either cgroup form) for a major that is no longer registered
-      in `/proc/devices` or now belongs to one of the NVIDIA devices managed here: the stale nvidia-uvm line
-      after its dynamic major moved;
-    - bind mounts of managed NVIDIA nodes (`nvidiaN`, `nvidiactl`, `nvidia-uvm*`, `nvidia-modeset`) under
-      `dev_dir` that are not wanted (fewer GPUs).
-    Lines for other devices are left alone.
-    """
-    registered = _devices(devices)
-    managed_majors = {major for name, major in registered.items() if name in MANAGED_DEVICE_NAMES}
-    all_majors = set(registered.values())
+def lxc_stale_lines(config: Text, wanted: Sequence[str], written: Sequence[str] = ()) -> list[str]:
+    """Lines of a container config that this role wrote once (`written`, its record on the host) and no longer
+    wants, exactly as they are in the file (main section only, before any `[section]`): the nvidia-uvm allow
+    line whose dynamic major moved, mounts of GPUs no longer passed through, raw lines that devN entries
+    replaced. A line the role did not write stays byte for byte, whatever device it names."""
+    written_res = [re.compile(lxc_line_regexp(w)) for w in written]
     wanted_res = [re.compile(lxc_line_regexp(w)) for w in wanted]
     stale = []
     for raw in _text(config).splitlines():
         if raw.strip().startswith("["):
             break
-        if any(r.match(raw) for r in wanted_res):
-            continue
-        allow = _ALLOW_RE.match(raw)
-        if allow:
-            _, kind, major, minor, _ = allow.groups()
-            if kind == "c" and major != "*" and minor == "*" and (
-                    int(major) not in all_majors or int(major) in managed_majors):
-                stale.append(raw)
-            continue
-        mount = _MOUNT_RE.match(raw)
-        if mount and _is_managed_path(mount.group(1), dev_dir):
+        if any(r.match(raw) for r in written_res) and not any(r.match(raw) for r in wanted_res):
             stale.append(raw)
     return stale
+
+
+def lxc_written_after(written: Sequence[str], wanted: Sequence[str], missing: Sequence[str]) -> list[str]:
+    """The role's record after a run: the lines it wrote that are still wanted, and the ones it adds now."""
+    return [w for w in wanted if w in written or w in missing]
+
+
+def lxc_config_update(config: Text, stale: Sequence[str], missing: Sequence[str]) -> str:
+    """The config with the `stale` lines taken out of its main section and the `missing` ones added after the
+    main section's last line; every other byte, later `[sections]` (snapshots, pending) included, as it was."""
+    text = _text(config)
+    section = re.search(r"^\s*\[", text, re.MULTILINE)
+    main, rest = (text[:section.start()], text[section.start():]) if section else (text, "")
+    lines = main.splitlines(keepends=True)
+    for line in stale:
+        at = next((i for i, raw in enumerate(lines) if raw.rstrip("\r\n") == line), None)
+        if at is not None:
+            del lines[at]
+    if missing:
+        last = max((i for i, raw in enumerate(lines) if raw.strip()), default=-1)
+        if last >= 0 and not lines[last].endswith("\n"):
+            lines[last] += "\n"
+        lines[last + 1:last + 1] = [f"{m}\n" for m in missing]
+    return "".join(lines) + rest
 
 
 def lxc_config_changes(config: Text, names: Sequence[str], devices: Union[Text, Mapping[str, int]],
                        dev_dir: str = "/dev", cgroup_version: Union[int, str] = 2, style: str = "pve",
                        listing: Union[Text, Sequence[Mapping[str, Any]], None] = None,
-                       mount_options: str = DEFAULT_MOUNT_OPTIONS) -> dict[str, Any]:
+                       mount_options: str = DEFAULT_MOUNT_OPTIONS, written: Sequence[str] = ()) -> dict[str, Any]:
     """Everything the raw-lines path needs for one config: {wanted: [{line, regexp}], stale: [line],
-    missing: [line] (wanted lines not in the config yet), majors: [int]}."""
+    missing: [line] (wanted lines not in the config yet), majors: [int], written: [line] (the record after)}."""
     majors = lxc_allow_majors(names, devices, listing, dev_dir)
     wanted = lxc_raw_lines(names, majors, dev_dir, cgroup_version, style, mount_options)
-    main = _text(config).split("\n[", 1)[0]
-    present = main.splitlines()
-    missing = [w for w in wanted if not any(re.match(lxc_line_regexp(w), p) for p in present)]
-    return {"wanted": lxc_line_items(wanted), "stale": lxc_stale_lines(config, wanted, devices, dev_dir),
-            "missing": missing, "majors": majors}
+    missing = lxc_missing_lines(config, wanted)
+    return {"wanted": lxc_line_items(wanted), "stale": lxc_stale_lines(config, wanted, written),
+            "missing": missing, "majors": majors, "written": lxc_written_after(written, wanted, missing)}
+
+
+def lxc_missing_lines(config: Text, wanted: Sequence[str]) -> list[str]:
+    """The wanted lines the config's main section does not hold yet (in any spacing or separator)."""
+    present = _text(config).split("\n[", 1)[0].splitlines()
+    return [w for w in wanted if not any(re.match(lxc_line_regexp(w), p) for p in present)]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -473,5 +479,5 @@ class FilterModule:
             proc_devices, nvidia_majors, nvidia_dev_listing, nvidia_node_names, nvidia_expected_nodes,
             nvidia_node_problems, nvidia_host_problems, pve_dev_value, pve_parse_dev, pve_dev_args, pve_config,
             pve_dev_entries, pve_dev_changes, lxc_allow_majors, lxc_raw_lines, lxc_line_regexp, lxc_line_items,
-            lxc_stale_lines, lxc_config_changes, nvidia_driver_version, nvidia_gpu_count, pve_version,
-            pve_uses_devn)}
+            lxc_stale_lines, lxc_written_after, lxc_missing_lines, lxc_config_update, lxc_config_changes,
+            nvidia_driver_version, nvidia_gpu_count, pve_version, pve_uses_devn)}

@@ -25,7 +25,7 @@ from .conftest import ENGINE_PY, ROOT, Bench, reduced_matrix
 from .test_failures import requests_served, wait_for
 from .test_security import listening
 
-CAPTURES = ROOT.parent / "shared" / "fixtures" / "nvidia-h200"
+CAPTURES = ROOT / "tests" / "fixtures" / "nvidia-h200"
 FAKES = ROOT / "tests" / "fakes"
 
 
@@ -67,8 +67,6 @@ def no_partial_files(root: Path) -> None:
 
 @pytest.fixture
 def fake_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    if not (CAPTURES / "query-gpu.csv").is_file():
-        pytest.skip(f"real nvidia-smi captures not found at {CAPTURES}")
     holders = tmp_path / "gpu-holders"
     monkeypatch.setenv("PATH", f"{FAKES}:{os.environ['PATH']}")
     monkeypatch.setenv("NVIDIA_SMI_CAPTURES", str(CAPTURES))

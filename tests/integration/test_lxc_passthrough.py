@@ -25,7 +25,7 @@ import pytest
 
 from .roles_harness import ROOT, run_role
 
-FIXTURES = ROOT.parent / "shared" / "fixtures" / "nvidia-h200"
+FIXTURES = ROOT / "tests" / "fixtures" / "nvidia-h200"
 CACHE = ROOT / ".cache" / "lxc"
 LXCPATH = CACHE / "containers"
 NAME = "specfleet-gpu-test"
@@ -35,8 +35,6 @@ NODES = ["nvidia0", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="LXC containers and mknod need root"),
     pytest.mark.skipif(shutil.which("lxc-create") is None, reason="LXC is not installed (apt-get install lxc)"),
-    pytest.mark.skipif(not (FIXTURES / "proc-devices.txt").is_file(),
-                       reason=f"real NVIDIA host captures not found at {FIXTURES}"),
 ]
 
 
@@ -159,6 +157,7 @@ class Host:
             "pve_gpu_passthrough_proc_driver_version": str(self.driver_version),
             "pve_gpu_passthrough_dev_dir": str(self.dev),
             "pve_gpu_passthrough_sysconf_dir": str(self.etc),
+            "pve_gpu_passthrough_state_dir": str(self.etc / "state"),
             "pve_gpu_passthrough_manage_service": False,
             "pve_gpu_passthrough_restart_timeout_s": 60,
         }, *args, result_var="pve_gpu_passthrough_result")

@@ -18,13 +18,11 @@ import pytest
 
 from .roles_harness import PVE_CT200_CONF, ROOT, RoleRun, run_role
 
-FIXTURES = ROOT.parent / "shared" / "fixtures" / "nvidia-h200"
+FIXTURES = ROOT / "tests" / "fixtures" / "nvidia-h200"
 FAKES = ROOT / "tests" / "fakes"
 CTID = 200
 
 pytestmark = [
-    pytest.mark.skipif(not (FIXTURES / "proc-devices.txt").is_file(),
-                       reason=f"real NVIDIA host captures not found at {FIXTURES}"),
     pytest.mark.skipif(os.geteuid() != 0, reason="the simulated /dev/nvidia* nodes are made with mknod (needs root)"),
 ]
 
@@ -50,6 +48,7 @@ class PveHost:
         self.driver_version = tmp / "proc" / "driver" / "nvidia" / "version"
         self.dev = tmp / "dev"
         self.etc = tmp / "etc"
+        self.state = tmp / "var" / "lib" / "specfleet"    # the role's record of the raw lines it wrote
         self.pve = tmp / "pve" / "lxc"          # /etc/pve/lxc and the pct stand-in's state
         self.conf = self.pve / f"{CTID}.conf"
         self.calls_log = tmp / "calls.jsonl"
@@ -93,6 +92,7 @@ class PveHost:
             "pve_gpu_passthrough_proc_driver_version": str(self.driver_version),
             "pve_gpu_passthrough_dev_dir": str(self.dev),
             "pve_gpu_passthrough_sysconf_dir": str(self.etc),
+            "pve_gpu_passthrough_state_dir": str(self.state),
             "pve_gpu_passthrough_manage_service": False,
             **extra,
         }
@@ -211,6 +211,52 @@ def test_pve74_raw_lines_then_uvm_major_moves(host: PveHost) -> None:
 
     settled = host.run("7.4-17", pve_gpu_passthrough_cgroup_version="2").ok()
     assert settled.changed == 0 and settled.restarts() == []
+
+
+# The user's own lines, for devices whose modules are not loaded on the captured host (no major in its
+# /proc/devices): a DRM card (226), a TUN device (10:200), a framebuffer (29), and a bind mount of /dev/dri.
+USER_LINES = ["lxc.cgroup2.devices.allow: c 226:* rwm",
+              "lxc.cgroup2.devices.allow: c 10:200 rwm",
+              "lxc.cgroup.devices.allow: c 29:* rwm",
+              "lxc.mount.entry: /dev/dri dev/dri none bind,optional,create=dir",
+              "lxc.mount.entry: /dev/nvidia-caps dev/nvidia-caps none bind,optional,create=dir"]
+
+
+def test_user_lines_stay_byte_for_byte_through_raw_lines_a_moved_major_and_devn(host: PveHost) -> None:
+    """A config with the user's own lines (devices whose modules are not loaded, one NVIDIA folder the role does
+    not manage) and a snapshot section: raw lines on PVE 7.4, nvidia-uvm moving 238 -> 509, then PVE 8.2 with devN
+    entries. Only the lines the role wrote ever change; the user's lines and every other byte stay."""
+    user_conf = PVE_CT200_CONF + "\n".join(USER_LINES) + "\n"
+    snapshot = "\n[before-gpu]\nlxc.cgroup2.devices.allow: c 238:* rwm\nsnaptime: 1733000000\n"
+    host.conf.write_text(user_conf + snapshot)
+    v = {"pve_gpu_passthrough_cgroup_version": "2"}
+
+    def main_section() -> list[str]:
+        return host.conf.read_text().split("\n[", 1)[0].splitlines()
+
+    host.run("7.4-17", **v).ok()
+    lines = main_section()
+    assert lines[:len(user_conf.splitlines())] == user_conf.splitlines()
+    assert "lxc.cgroup2.devices.allow: c 238:* rwm" in lines
+    assert host.conf.read_text().endswith(snapshot)
+    record = json.loads((host.state / f"ct{CTID}.json").read_text())
+    assert "lxc.cgroup2.devices.allow: c 238:* rwm" in record["lines"] and not set(USER_LINES) & set(record["lines"])
+
+    host.move_uvm_major(509)
+    host.run("7.4-17", **v).ok()
+    lines = main_section()
+    assert lines[:len(user_conf.splitlines())] == user_conf.splitlines()
+    assert "lxc.cgroup2.devices.allow: c 238:* rwm" not in lines and "lxc.cgroup2.devices.allow: c 509:* rwm" in lines
+    assert host.conf.read_text().endswith(snapshot)
+    assert host.run("7.4-17", **v).ok().changed == 0
+
+    devn = host.run("8.2.4").ok()
+    assert len(devn.pct("set")) == 1
+    # `pct set` rewrites the file in Proxmox's key order: every line but the new devN entries is the user's, as it was
+    assert [ln for ln in main_section() if not re.match(r"dev\d+: ", ln)] == user_conf.splitlines()
+    assert host.conf.read_text().endswith(snapshot)
+    assert json.loads((host.state / f"ct{CTID}.json").read_text())["lines"] == []
+    assert host.run("8.2.4").ok().changed == 0
 
 
 @pytest.mark.parametrize("pve_version", ["8.2.4", "7.4-17"])

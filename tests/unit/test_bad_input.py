@@ -241,7 +241,7 @@ CORPUS = [
     case(drop("phases.0.configs.2.num_speculative_tokens"), "bench_phases[0].configs[2].num_speculative_tokens",
          "is required for method ngram; allowed: an integer from 1 to 64", id="ngram-without-k"),
     case(drop("model.path"), "bench_model.path", "is required; allowed: a non-empty string", id="model-without-path"),
-    case(drop("engine"), "bench_engine", "is required; allowed: one of sglang, vllm", id="engine-missing"),
+    case(put("engine", None), "bench_engine", "None is not one of sglang, vllm", id="engine-null"),
     case(drop("phases.0.name"), "bench_phases[0].name", "is required; allowed: a name of letters, digits",
          id="phase-without-name"),
     case(put("phases.0.name", "tp 1"), "bench_phases[0].name",

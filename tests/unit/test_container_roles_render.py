@@ -270,7 +270,7 @@ def _new_file_patch(path: str, text: str) -> str:
 
 # ---------------------------------------------------------------- nvidia_userspace
 
-HOST_DRIVER = "580.159.04"      # the driver of the real H200 capture (shared/fixtures/nvidia-h200)
+HOST_DRIVER = "580.159.04"      # the driver of the real H200 capture (tests/fixtures/nvidia-h200)
 OLD_DRIVER = "570.133.20"
 
 STAND_IN_RUNFILE = """#!/bin/sh

@@ -1,4 +1,4 @@
-"""Unit tests for agent.gpu on real captures from an H200 host (shared/fixtures/nvidia-h200)."""
+"""Unit tests for agent.gpu on real captures from an H200 host (tests/fixtures/nvidia-h200)."""
 from __future__ import annotations
 
 import re
@@ -18,10 +18,7 @@ from agent.gpu import (
     wait_released,
 )
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "nvidia-h200"
-if not (FIXTURES / "query-gpu.csv").is_file():
-    pytest.skip(f"real nvidia-smi captures not found at {FIXTURES} (expected ../shared beside the repo root)",
-                allow_module_level=True)
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-h200"
 
 H200_TOTAL_MIB = 143771
 

@@ -1,4 +1,4 @@
-"""Unit tests for plugins/filter/nvidia.py on real captures from an H200 host (shared/fixtures/nvidia-h200)."""
+"""Unit tests for plugins/filter/nvidia.py on real captures from an H200 host (tests/fixtures/nvidia-h200)."""
 from __future__ import annotations
 
 import re
@@ -8,10 +8,7 @@ import pytest
 
 from plugins.filter import nvidia
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "nvidia-h200"
-if not (FIXTURES / "proc-devices.txt").is_file():
-    pytest.skip(f"real NVIDIA host captures not found at {FIXTURES} (expected ../shared beside the repo root)",
-                allow_module_level=True)
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-h200"
 
 H200_NODES = ["nvidia0", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]
 
@@ -223,34 +220,52 @@ def test_line_regexp_matches_either_separator() -> None:
     assert not pattern.match("lxc.cgroup.devices.allow: c 195:* rwm")
 
 
-def test_stale_uvm_line_after_the_major_moved() -> None:
-    """The config written for major 238; after a reboot nvidia-uvm is 509: the 238 line is stale and the 509 line
-    missing; the 195 line and the mounts are kept; a hand-written line for another registered device (226 drm)
-    stays, one for a major nothing has registered (it cannot be a device of this boot) goes."""
-    config = "arch: amd64\n" + "\n".join(RAW_V2) + "\nlxc.cgroup2.devices.allow: c 226:* rwm\n"
-    with_drm = capture("proc-devices.txt").replace("203 cpu/cpuid\n", "203 cpu/cpuid\n226 drm\n")
-    moved = with_drm.replace("238 nvidia-uvm", "509 nvidia-uvm")
-    changes = nvidia.lxc_config_changes(config, H200_NODES, moved)
+def test_stale_uvm_line_after_the_major_moved_and_user_lines_kept() -> None:
+    """The role wrote the config for major 238 (its record); after a reboot nvidia-uvm is 509: the 238 line is
+    stale and the 509 line missing; the 195 line and the mounts are kept. The user's own lines stay whatever they
+    name: 226 (drm, whose module is not loaded: no major in /proc/devices), a tun device, a /dev/dri mount."""
+    user = ["lxc.cgroup2.devices.allow: c 226:* rwm", "lxc.cgroup2.devices.allow: c 10:200 rwm",
+            "lxc.cgroup2.devices.allow: c 29:* rwm",
+            "lxc.mount.entry: /dev/dri dev/dri none bind,optional,create=dir"]
+    config = "arch: amd64\n" + "\n".join(RAW_V2[:1] + user[:2] + RAW_V2[1:] + user[2:]) + "\n"
+    devices = capture("proc-devices.txt")
+    assert "226 " not in devices and " 29 " not in devices
+    moved = devices.replace("238 nvidia-uvm", "509 nvidia-uvm")
+    changes = nvidia.lxc_config_changes(config, H200_NODES, moved, written=RAW_V2)
     assert changes["majors"] == [195, 509]
     assert changes["stale"] == ["lxc.cgroup2.devices.allow: c 238:* rwm"]
     assert changes["missing"] == ["lxc.cgroup2.devices.allow: c 509:* rwm"]
-    unchanged = nvidia.lxc_config_changes(config, H200_NODES, with_drm)
-    assert unchanged["stale"] == [] and unchanged["missing"] == []
-    no_drm = nvidia.lxc_config_changes(config, H200_NODES, capture("proc-devices.txt"))
-    assert no_drm["stale"] == ["lxc.cgroup2.devices.allow: c 226:* rwm"]
+    assert changes["written"] == ["lxc.cgroup2.devices.allow: c 195:* rwm", "lxc.cgroup2.devices.allow: c 509:* rwm",
+                                  *RAW_V2[2:]]
+    unchanged = nvidia.lxc_config_changes(config, H200_NODES, devices, written=RAW_V2)
+    assert unchanged["stale"] == [] and unchanged["missing"] == [] and unchanged["written"] == RAW_V2
+
+
+def test_without_a_record_nothing_is_stale() -> None:
+    """Lines the role did not write (no record: the user's, or from before the record existed) are never
+    removed, even the NVIDIA ones; what the role wants and finds already there is not claimed as its own."""
+    config = "\n".join(RAW_V2 + ["lxc.mount.entry: /dev/nvidia1 dev/nvidia1 none bind,optional,create=file",
+                                  "lxc.cgroup2.devices.allow: c 511:* rwm"]) + "\n"
+    changes = nvidia.lxc_config_changes(config, H200_NODES, capture("proc-devices.txt"))
+    assert changes["stale"] == [] and changes["missing"] == [] and changes["written"] == []
 
 
 def test_stale_mounts_of_gpus_no_longer_wanted_and_other_cgroup_form() -> None:
-    """Going from 2 GPUs to 1: nvidia1's mount is stale; a v1 allow line for 195 is stale once v2 is wanted."""
+    """Going from 2 GPUs to 1: nvidia1's mount, which the role wrote, is stale; so is its v1 allow line for 195
+    once v2 is wanted; a written line the user reformatted is still found; the [snapshot] section is not read."""
+    written = RAW_V2 + ["lxc.mount.entry: /dev/nvidia1 dev/nvidia1 none bind,optional,create=file",
+                        "lxc.cgroup.devices.allow: c 195:* rwm",
+                        "lxc.mount.entry: /dev/nvidia2 dev/nvidia2 none bind,optional,create=file"]
     config = "\n".join(RAW_V2 + [
-        "lxc.mount.entry: /dev/nvidia1 dev/nvidia1 none bind,optional,create=file",
-        "lxc.cgroup.devices.allow: c 195:* rwm",
+        "lxc.mount.entry:  /dev/nvidia1 dev/nvidia1  none bind,optional,create=file",
+        "lxc.cgroup.devices.allow = c 195:* rwm",
         "lxc.mount.entry: /dev/dri dev/dri none bind,optional,create=dir",
         "[snapshot]",
         "lxc.mount.entry: /dev/nvidia2 dev/nvidia2 none bind,optional,create=file"]) + "\n"
-    stale = nvidia.lxc_stale_lines(config, RAW_V2, capture("proc-devices.txt"))
-    assert stale == ["lxc.mount.entry: /dev/nvidia1 dev/nvidia1 none bind,optional,create=file",
-                     "lxc.cgroup.devices.allow: c 195:* rwm"]
+    stale = nvidia.lxc_stale_lines(config, RAW_V2, written)
+    assert stale == ["lxc.mount.entry:  /dev/nvidia1 dev/nvidia1  none bind,optional,create=file",
+                     "lxc.cgroup.devices.allow = c 195:* rwm"]
+    assert nvidia.lxc_written_after(written, RAW_V2, []) == RAW_V2
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -276,6 +291,21 @@ def test_driver_version_rejects_what_it_cannot_read() -> None:
 
 def test_filter_module_exports_every_filter() -> None:
     filters = nvidia.FilterModule().filters()
-    for name in ("proc_devices", "nvidia_majors", "pve_dev_changes", "lxc_config_changes", "nvidia_driver_version",
+    for name in ("proc_devices", "nvidia_majors", "pve_dev_changes", "lxc_config_changes", "lxc_stale_lines",
+                 "lxc_missing_lines", "lxc_written_after", "nvidia_driver_version",
                  "pve_uses_devn"):
         assert callable(filters[name])
+
+
+def test_config_update_touches_the_main_section_only() -> None:
+    """Stale lines out and missing lines in, in the main section; a snapshot section holding the very same line
+    and the blank line before it stay as they were; a config without a final newline gets one only where a line
+    is added."""
+    snapshot = "\n[snap1]\nlxc.cgroup2.devices.allow: c 238:* rwm\nsnaptime: 1\n"
+    config = "arch: amd64\nlxc.cgroup2.devices.allow: c 238:* rwm\nlxc.cgroup2.devices.allow: c 226:* rwm\n" + snapshot
+    out = nvidia.lxc_config_update(config, ["lxc.cgroup2.devices.allow: c 238:* rwm"],
+                                   ["lxc.cgroup2.devices.allow: c 509:* rwm"])
+    assert out == ("arch: amd64\nlxc.cgroup2.devices.allow: c 226:* rwm\nlxc.cgroup2.devices.allow: c 509:* rwm\n"
+                   + snapshot)
+    assert nvidia.lxc_config_update("arch: amd64", [], ["a: b"]) == "arch: amd64\na: b\n"
+    assert nvidia.lxc_config_update(config, [], []) == config
