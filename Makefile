@@ -13,7 +13,7 @@ demo: venv engine models
 	$(BIN)/ansible-playbook bench.yml -l local $(if $(RUN_ID),-e run_id=$(RUN_ID))
 
 test: host-deps venv engine models wheelhouse
-	$(BIN)/python -m pytest --durations=25 tests
+	$(BIN)/python -m pytest -rfEs --durations=25 tests
 	$(MAKE) lint
 
 unit: venv

@@ -15,13 +15,15 @@ import time
 from pathlib import Path
 from typing import Callable, Protocol
 
+from .classify import Reason
+
 POLL_S = 0.25
 
 
 class StartupFailed(Exception):
     """The server did not become ready; `reason` is the classified word."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: Reason, detail: str) -> None:
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
@@ -95,7 +97,7 @@ class ProcessServer:
 
     def start(self) -> None:
         if port_in_use(self.port, self.host):
-            raise StartupFailed("port_in_use", f"port {self.port} on {self.host} is already taken")
+            raise StartupFailed(Reason.PORT_IN_USE, f"port {self.port} on {self.host} is already taken")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
@@ -124,15 +126,15 @@ class ProcessServer:
         while True:
             if not self.alive():
                 code = self.proc.returncode if self.proc else None
-                raise StartupFailed("crashed", f"server exited with code {code} during startup")
+                raise StartupFailed(Reason.CRASHED, f"server exited with code {code} during startup")
             if http_status(self.port, health_path, self.host, 2.0, self.headers) == 200:
                 holders = listener_pids(self.port)
                 if holders and not any(_pgid(p) == self.proc.pid for p in holders):
-                    raise StartupFailed("port_in_use", f"port {self.port} answers, but from pid(s) "
+                    raise StartupFailed(Reason.PORT_IN_USE, f"port {self.port} answers, but from pid(s) "
                                                        f"{sorted(holders)}, not this server")
                 return time.monotonic() - t0
             if time.monotonic() >= end:
-                raise StartupFailed("health_timeout", f"{health_path} not 200 within {deadline_s:.0f} s")
+                raise StartupFailed(Reason.HEALTH_TIMEOUT, f"{health_path} not 200 within {deadline_s:.0f} s")
             time.sleep(POLL_S)
 
     def stop(self, deadline_s: float) -> None:

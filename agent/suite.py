@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from . import client, fingerprint, gpu, workloads
-from .classify import classify, tail
+from .classify import Reason, classify, tail
 from .engines import ENGINES, PORT, Engine
 from .server import Backend, ProcessServer, StartupFailed, connect_host, free_port, http_status
 from .store import (
@@ -119,7 +119,7 @@ class Suite:
             self.store.event("config_start", k=k, n=len(configs), config_id=cid, elapsed_s=elapsed, eta_s=eta)
             started = time.monotonic()
             if cfg["method"] != "autoregressive" and cfg["phase"] in failed_baselines:
-                status = self._record(cfg, "skipped", "baseline_failed",
+                status = self._record(cfg, "skipped", Reason.BASELINE_FAILED,
                                       f"the autoregressive baseline of phase {cfg['phase']} did not finish ok",
                                       started_at=now_iso())
             else:
@@ -183,20 +183,20 @@ class Suite:
             try:
                 self.flags = engine_flags(self.engine, self.suite["engine_python"], env)
             except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
-                return self._record(cfg, "failed", "engine_unavailable", str(exc), started_at=started_at)
+                return self._record(cfg, "failed", Reason.ENGINE_UNAVAILABLE, str(exc), started_at=started_at)
         missing = unknown_flags(cfg["command"], self.flags)
         if missing:
             version = self.engine_info.get("version") or "unknown version"
-            return self._record(cfg, "failed", "unsupported_flag",
+            return self._record(cfg, "failed", Reason.UNSUPPORTED_FLAG,
                                 f"{', '.join(missing)} not known to {self.engine.name} {version}",
                                 started_at=started_at, unsupported_flags=missing)
         if self.gpu_count and cfg["tp"] > self.gpu_count:
-            return self._record(cfg, "failed", "does_not_fit",
+            return self._record(cfg, "failed", Reason.DOES_NOT_FIT,
                                 f"tp {cfg['tp']} needs {cfg['tp']} GPUs; this host has {self.gpu_count}",
                                 started_at=started_at)
         ok, now = gpu.wait_released(self.idle_gpu, cfg["timeouts"]["release_s"])
         if not ok:
-            return self._record(cfg, "failed", "gpu_busy",
+            return self._record(cfg, "failed", Reason.GPU_BUSY,
                                 f"GPU memory still in use before start (MiB used {now}, idle {self.idle_gpu})",
                                 started_at=started_at)
         d = self._prepare_dir(cfg["config_id"])
@@ -213,13 +213,13 @@ class Suite:
             rows, status, reason, detail = self._measure(cfg, server)
         except StartupFailed as exc:
             status, reason, detail = "failed", exc.reason, exc.detail
-            if reason == "crashed":
-                reason = classify(tail(server.log_text(), 120), "crashed")
+            if reason == Reason.CRASHED:
+                reason = classify(tail(server.log_text(), 120), Reason.CRASHED)
         except PromptError as exc:
-            status, reason, detail = "failed", "bad_prompt", str(exc)
+            status, reason, detail = "failed", Reason.BAD_PROMPT, str(exc)
         except (OSError, RuntimeError, ValueError) as exc:
             alive = server.alive()
-            status, reason = "failed", ("prompt_build_failed" if alive else "crashed")
+            status, reason = "failed", (Reason.PROMPT_BUILD_FAILED if alive else Reason.CRASHED)
             detail = f"{type(exc).__name__}: {exc}"
         finally:
             t_stop = time.monotonic()
@@ -299,7 +299,7 @@ class Suite:
         warm = self._burst(cfg, port, prompts[(first["workload"], first["context_tokens"])],
                            cfg["warmup_max_tokens"], 1, "warmup")[0]
         if not warm["ok"]:
-            reason = "crashed" if not server.alive() else "warmup_failed"
+            reason = Reason.CRASHED if not server.alive() else Reason.WARMUP_FAILED
             return [], "failed", reason, f"warmup request failed: {warm['error']}"
         identity = {"host": self.host, "config_id": cfg["config_id"], "method": cfg["method"],
                     "method_params": cfg["method_params"], "tp": cfg["tp"], "engine": cfg["engine"],
@@ -316,17 +316,17 @@ class Suite:
                                  "rep": rep, **r})
                 if not server.alive():
                     log = tail(server.log_text(), 120)
-                    return rows, "failed", classify(log, "crashed"), \
+                    return rows, "failed", classify(log, Reason.CRASHED), \
                         f"server {server.exit_detail()} during timed requests ({len(rows)} requests recorded)"
                 late = [r for r in rows[-cell["concurrency"]:]
                         if not r["ok"] and ("timed out" in str(r["error"]) or "deadline" in str(r["error"]))]
                 if late and http_status(port, self.engine.health_path, self.connect, 10.0, self.headers) != 200:
-                    return rows, "failed", "request_timeout", \
+                    return rows, "failed", Reason.REQUEST_TIMEOUT, \
                         f"request deadline of {cfg['timeouts']['request_s']:g} s passed and the server no longer " \
                         f"answers {self.engine.health_path} (hung); {len(rows)} requests recorded"
         if not any(r["ok"] for r in rows):
             errors = sorted({str(r["error"]) for r in rows})[:3]
-            return rows, "failed", "requests_failed", f"no request succeeded: {'; '.join(errors)}"
+            return rows, "failed", Reason.REQUESTS_FAILED, f"no request succeeded: {'; '.join(errors)}"
         return rows, "ok", None, None
 
 

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .classify import Reason
 from .server import POLL_S, StartupFailed, http_status, listener_pids, port_in_use, wait_until
 from .store import write_atomic
 
@@ -63,20 +64,20 @@ class SystemdServer:
 
     def start(self) -> None:
         if port_in_use(self.port, self.host):
-            raise StartupFailed("port_in_use", f"port {self.port} on {self.host} is already taken")
+            raise StartupFailed(Reason.PORT_IN_USE, f"port {self.port} on {self.host} is already taken")
         state = self._show()
         if state.get("ActiveState") in ("active", "activating", "deactivating"):
-            raise StartupFailed("unit_busy", f"{self.unit} is already {state['ActiveState']}")
+            raise StartupFailed(Reason.UNIT_BUSY, f"{self.unit} is already {state['ActiveState']}")
         self.env_path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(self.env_path, env_file_text(self.argv, self.env).encode())
         os.chmod(self.env_path, 0o640)
         _systemctl("reset-failed", self.unit)
         res = _systemctl("start", "--no-block", self.unit)
         if res.returncode != 0:
-            raise StartupFailed("crashed", f"systemctl start {self.unit}: {res.stderr.strip()}")
+            raise StartupFailed(Reason.CRASHED, f"systemctl start {self.unit}: {res.stderr.strip()}")
         # the invocation id names this start's journal entries
         if not wait_until(lambda: bool(self._show().get("InvocationID")), 10):
-            raise StartupFailed("crashed", f"{self.unit} got no invocation id")
+            raise StartupFailed(Reason.CRASHED, f"{self.unit} got no invocation id")
         state = self._show()
         self.invocation = state["InvocationID"]
         self.pid = int(state.get("MainPID") or 0) or None
@@ -90,18 +91,18 @@ class SystemdServer:
         while True:
             state = self._show()
             if state.get("ActiveState") not in ("active", "activating", "reloading"):
-                raise StartupFailed("crashed", f"{self.unit} is {state.get('ActiveState')} "
+                raise StartupFailed(Reason.CRASHED, f"{self.unit} is {state.get('ActiveState')} "
                                                f"({state.get('Result')}, exit status {state.get('ExecMainStatus')}) "
                                                f"during startup")
             self.pid = int(state.get("MainPID") or 0) or self.pid
             if http_status(self.port, health_path, self.host, 2.0, self.headers) == 200:
                 holders = listener_pids(self.port)
                 if holders and not any(self.unit in _cgroup(p) for p in holders):
-                    raise StartupFailed("port_in_use", f"port {self.port} answers, but from pid(s) "
+                    raise StartupFailed(Reason.PORT_IN_USE, f"port {self.port} answers, but from pid(s) "
                                                        f"{sorted(holders)}, not {self.unit}")
                 return time.monotonic() - t0
             if time.monotonic() >= end:
-                raise StartupFailed("health_timeout", f"{health_path} not 200 within {deadline_s:.0f} s")
+                raise StartupFailed(Reason.HEALTH_TIMEOUT, f"{health_path} not 200 within {deadline_s:.0f} s")
             time.sleep(POLL_S)
 
     def log_text(self) -> str:

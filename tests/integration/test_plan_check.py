@@ -1,4 +1,5 @@
-"""Plan mode, check mode and bad input: nothing starts."""
+"""Plan mode with extra vars and bad input: nothing starts. (The README's plan and check commands run as typed
+in test_readme_local.py.)"""
 from __future__ import annotations
 
 import re
@@ -6,30 +7,17 @@ import re
 from .conftest import Bench
 
 
-def test_plan_mode_for_ct200_prints_every_config_without_connecting(bench: Bench) -> None:
-    res = bench.run({"plan": True}, limit="ct200", timeout=120)
+def test_a_mapping_set_in_part_keeps_the_documented_defaults(bench: Bench) -> None:
+    """One key of each mapping variable set as an extra var (which replaces ct200's whole mapping): the plan shows
+    that key and the role's documented defaults for the others, and the configs carry the same values."""
+    res = bench.run({"plan": True, "bench_timeouts": {"health_s": 300}, "bench_sampling": {"ignore_eos": True},
+                     "bench_estimate": {"tok_s": 100}}, limit="ct200", timeout=120)
     assert res.returncode == 0, res.stdout[-3000:]
-    out = res.stdout
-    assert "Plan for ct200: 24 configs" in out and "timed requests, estimated" in out
-    assert len(re.findall(r"^\[\d+/24\] tp\d-", out, re.M)) == 24
-    assert ("cmd: /opt/specfleet/sglang/bin/python -m sglang.launch_server --model-path /models/Qwen3.6-27B"
-            in out)
-    assert "--speculative-algorithm DDTREE" in out and "--speculative-ddtree-budget 64" in out
-    assert "env: HF_HUB_OFFLINE=1 SGLANG_ENABLE_SPEC_V2=1" in out
-    assert "UNREACHABLE" not in out and not bench.host_dir.exists()
-
-
-def test_plan_mode_selects_phases(bench: Bench) -> None:
-    res = bench.run({"plan": True, "phases": "tp4"}, limit="ct200", timeout=120)
-    assert res.returncode == 0, res.stdout[-3000:]
-    assert "Plan for ct200: 8 configs" in res.stdout and "tp1-" not in res.stdout.split("Plan for ct200")[1]
-
-
-def test_check_mode_starts_nothing(bench: Bench) -> None:
-    res = bench.run({"run_id": "it-check"}, "--check", timeout=300)
-    assert res.returncode == 0, res.stdout[-3000:]
-    assert "Plan for local: 4 configs" in res.stdout
-    assert not (bench.host_dir / "results").exists() and not bench.results.exists()
+    assert "bench_timeouts: health_s=300 request_s=900 stop_s=60 release_s=120" in res.stdout
+    assert "bench_sampling: temperature=0.0 ignore_eos=true" in res.stdout
+    assert "bench_estimate: startup_s=120 tok_s=100 prefill_tok_s=5000" in res.stdout
+    # 24 configs at the role's startup_s (120 s each) and 100 tok/s: the estimate follows the filled values
+    assert re.search(r"Plan for ct200: 24 configs, \d+ timed requests, estimated \d+:\d\d:\d\d", res.stdout)
 
 
 def test_bad_matrix_is_rejected_before_any_server_starts(bench: Bench) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -16,8 +16,9 @@ from typing import Any, Iterator
 import pytest
 
 from tests.hosts.testhosts import TestHosts
+from tests.readme import typed
 
-from .conftest import BIN, ROOT, Bench
+from .conftest import ROOT, Bench
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="test hosts need root")
 HOSTS = ("th1", "th2")
@@ -26,22 +27,23 @@ WHEELHOUSE = ROOT / ".cache/wheelhouse"
 
 @pytest.fixture(scope="module")
 def testhosts() -> Iterator[TestHosts]:
+    """The README's test-hosts block as typed: `make testhosts`, then the engine role twice (the second run
+    changes nothing); `make testhosts-down` at the end."""
     if not (WHEELHOUSE / ".complete").exists():
         pytest.fail("the offline wheelhouse is missing: run `make wheelhouse` first")
-    th = TestHosts(ROOT / ".work/testhosts")  # the addresses of the inventory's testhosts group
     try:
-        th.up(2, binds=[f"{ROOT / '.cache/models'}:/opt/models", f"{WHEELHOUSE}:/wheelhouse"], timeout=300)
+        up = typed("make testhosts", timeout=900)
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        th = TestHosts(ROOT / ".work/testhosts")  # the state `make testhosts` wrote: ssh into th1, th2
         for _attempt in ("install", "again"):
-            res = subprocess.run([str(BIN / "ansible-playbook"), "playbooks/engine.yml", "-l", "testhosts"],
-                                 cwd=ROOT, capture_output=True, text=True, timeout=900,
-                                 env={**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "ANSIBLE_NOCOLOR": "1"})
+            res = typed("ansible-playbook playbooks/engine.yml -l testhosts", timeout=900)
             assert res.returncode == 0, res.stdout[-3000:]
-        # the second provisioning run changes nothing
         assert re.search(r"th1\s+: ok=\d+\s+changed=0 ", res.stdout), res.stdout[-1500:]
         assert re.search(r"th2\s+: ok=\d+\s+changed=0 ", res.stdout), res.stdout[-1500:]
         yield th
     finally:
-        th.down()
+        down = subprocess.run(["make", "testhosts-down"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert down.returncode == 0, down.stdout[-2000:] + down.stderr[-2000:]
 
 
 def assert_clean(th: TestHosts) -> None:
@@ -72,18 +74,27 @@ def host_events(th: TestHosts, host: str, run: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def two_host_run(testhosts: TestHosts, tmp_path_factory: pytest.TempPathFactory) -> tuple[Bench, str]:
-    bench = Bench(tmp_path_factory.mktemp("two"))
+def two_host_run(testhosts: TestHosts) -> Iterator[tuple[Bench, str]]:
+    """`ansible-playbook bench.yml -l testhosts` as typed: results in the project's results/<run_id>, removed
+    at the end."""
     t0 = time.monotonic()
-    res = bench.run({"run_id": "it-two"}, limit="testhosts", timeout=1200)
+    res = typed("ansible-playbook bench.yml -l testhosts", timeout=1200)
     print(f"two hosts: {time.monotonic() - t0:.0f} s")
-    assert res.returncode == 0, res.stdout[-5000:]
-    return bench, res.stdout
+    match = re.search(r"^th1: suite (\S+): 2 configs", res.stdout, re.M)
+    run_dir = ROOT / "results" / match.group(1) if match else None
+    try:
+        assert res.returncode == 0 and match, res.stdout[-5000:]
+        bench = Bench(ROOT)
+        bench.results = ROOT / "results"
+        yield bench, match.group(1), res.stdout
+    finally:
+        if run_dir:
+            shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def test_suite_on_two_hosts_with_systemd(two_host_run: tuple[Bench, str], testhosts: TestHosts) -> None:
-    bench, out = two_host_run
-    run_dir = bench.results / "it-two"
+def test_suite_on_two_hosts_with_systemd(two_host_run: tuple[Bench, str, str], testhosts: TestHosts) -> None:
+    bench, run, out = two_host_run
+    run_dir = bench.results / run
     for host in HOSTS:
         assert f"{host}: [1/2] tp1-autoregressive" in out and f"{host}: [2/2] tp1-ngram-k2" in out
         fp = json.loads((run_dir / host / "host.json").read_text())
@@ -108,15 +119,21 @@ def test_suite_on_two_hosts_with_systemd(two_host_run: tuple[Bench, str], testho
     assert_clean(testhosts)
 
 
-def test_collector_pull_fetches_a_run(two_host_run: tuple[Bench, str], tmp_path: Path) -> None:
-    res = subprocess.run([sys.executable, "-m", "collector", "pull", "-l", "testhosts", "it-two", "--results",
-                          str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
-    assert "th1: Fetch the results to the controller: ok" in res.stdout
-    assert cells(tmp_path, "it-two") == cells(two_host_run[0].results, "it-two")
+def test_collector_pull_fetches_a_run(two_host_run: tuple[Bench, str, str]) -> None:
+    """`python -m collector pull -l testhosts [<id>]` as typed, with the id and without it (the newest run on
+    each host: this one): th1's folder, removed on the controller, comes back; the table is the same."""
+    bench, run, _ = two_host_run
+    before = cells(bench.results, run)
+    for run_id in (run, None):
+        shutil.rmtree(bench.results / run / "th1")
+        res = typed("python -m collector pull -l testhosts [<id>]", timeout=600, run_id=run_id)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+        assert "th1: Fetch the results to the controller: ok" in res.stdout
+        assert (bench.results / run / "th1/tp1-ngram-k2/requests.jsonl").is_file()
+        assert cells(bench.results, run) == before
 
 
-def test_controller_killed_mid_config_then_rerun(two_host_run: tuple[Bench, str], testhosts: TestHosts,
+def test_controller_killed_mid_config_then_rerun(two_host_run: tuple[Bench, str, str], testhosts: TestHosts,
                                                 tmp_path: Path) -> None:
     run = "it-detached"
     bench = Bench(tmp_path)
@@ -141,7 +158,7 @@ def test_controller_killed_mid_config_then_rerun(two_host_run: tuple[Bench, str]
         assert started == {"tp1-autoregressive": 1, "tp1-ngram-k2": 1}, (host, started)  # nothing ran twice
     assert all(s["status"] == "ok" for s in statuses(bench.results, run).values())
     # the same configs and cells as the uninterrupted run
-    assert cells(bench.results, run) == cells(two_host_run[0].results, "it-two")
+    assert cells(bench.results, run) == cells(two_host_run[0].results, two_host_run[1])
     assert_clean(testhosts)
 
 
@@ -160,7 +177,8 @@ def test_model_unreadable_by_the_service_user_is_refused_before_start(testhosts:
     assert_clean(testhosts)
 
 
-def test_one_host_unreachable_mid_suite_the_other_completes(two_host_run: tuple[Bench, str], testhosts: TestHosts,
+def test_one_host_unreachable_mid_suite_the_other_completes(two_host_run: tuple[Bench, str, str],
+                                                           testhosts: TestHosts,
                                                            tmp_path: Path) -> None:
     """th2's link goes down while its suite runs: th1 completes and is reported, th2 is reported unreachable;
     once th2 is back, a re-run with the same run id picks up what th2 did meanwhile and completes it."""
@@ -195,5 +213,5 @@ def test_one_host_unreachable_mid_suite_the_other_completes(two_host_run: tuple[
     assert started == {"tp1-autoregressive": 1, "tp1-ngram-k2": 1}, started  # its suite went on, nothing twice
     both = statuses(bench.results, run)
     assert {h for h, _ in both} == {"th1", "th2"} and all(s["status"] == "ok" for s in both.values())
-    assert cells(bench.results, run) == cells(two_host_run[0].results, "it-two")
+    assert cells(bench.results, run) == cells(two_host_run[0].results, two_host_run[1])
     assert_clean(testhosts)

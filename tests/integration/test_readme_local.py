@@ -1,0 +1,238 @@
+"""The README's commands for this machine and for ct200, as typed, on the shipped inventory.
+
+`make demo` runs first, exactly as a new user runs it; the commands after it work on the run it made.
+Nothing is added to a command (no extra vars, no paths): the runs write where a user's do (`results/`,
+`.work/hosts/local`), and the folders of the runs made here are removed at the end. ct200 cannot be
+reached from here: its commands must say so plainly and start nothing (they are skipped where the name
+resolves, so that a test never starts the real suite on a real GPU host).
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from tests.readme import ROOT, resolves, typed
+
+from .conftest import _kill_leftovers
+
+HOST_RESULTS = ROOT / ".work/hosts/local/results"   # bench_host_dir of host_vars/local.yml
+CONFIGS = ["tp1-autoregressive", "tp1-ngram-k2", "tp1-ngram-k4", "tp1-draft_model-k3"]
+ROW_TYPES = {"host": str, "config_id": str, "method": str, "method_params": dict, "tp": int, "workload": str,
+             "max_tokens": int, "context_tokens": int, "concurrency": int, "rep": int, "prompt_tokens": int,
+             "completion_tokens": int, "ttft_s": float, "e2e_s": float, "output_tok_s": float, "ok": bool}
+TABLE_COLUMNS = ["host", "engine", "model", "tp", "workload", "max_tokens", "context_tokens", "concurrency",
+                 "config_id", "method", "n", "tok_s_mean", "tok_s_std", "speedup", "speedup_ci_low",
+                 "speedup_ci_high", "accept_length_mean", "status"]
+
+
+class Demo:
+    def __init__(self, run_id: str, out: str, wall_s: float) -> None:
+        self.run_id, self.out, self.wall_s = run_id, out, wall_s
+        self.run_dir = ROOT / "results" / run_id
+        self.host_run = HOST_RESULTS / run_id / "local"
+
+    def events(self) -> list[dict[str, Any]]:
+        lines = (self.host_run / "events.jsonl").read_text().splitlines()
+        return [json.loads(line) for line in lines if line.strip()]
+
+    def last_invocation(self) -> list[dict[str, Any]]:
+        events = self.events()
+        return [e for e in events if e["invocation"] == events[-1]["invocation"]]
+
+
+def run_folders() -> set[Path]:
+    return {p for base in (ROOT / "results", HOST_RESULTS) if base.is_dir() for p in base.iterdir()}
+
+
+@pytest.fixture(scope="module")
+def demo() -> Iterator[Demo]:
+    before = run_folders()
+    t0 = time.monotonic()
+    res = typed("make demo", timeout=1800)
+    wall = time.monotonic() - t0
+    made = run_folders() - before
+    try:
+        assert res.returncode == 0, res.stdout[-5000:] + res.stderr[-3000:]
+        match = re.search(r"^local: suite (\S+): 4 configs", res.stdout, re.M)
+        assert match, res.stdout[-3000:]
+        print(f"make demo: {wall:.0f} s wall")
+        yield Demo(match.group(1), res.stdout, wall)
+    finally:
+        _kill_leftovers(str(HOST_RESULTS))
+        for folder in made | (run_folders() - before):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_make_demo_ends_with_the_speedup_table(demo: Demo) -> None:
+    out = demo.out
+    for k, cid in enumerate(CONFIGS, 1):
+        assert f"local: [{k}/4] {cid}" in out
+    assert "fib: " in out and " tok/s" in out and "± " in out  # the hand-run line style
+    assert "speedup_ci_low" in out and "PLAY RECAP" in out
+    assert out.rstrip().splitlines()[-1].split()[:1] == ["local"] and "failed=0" in out.rstrip().splitlines()[-1]
+    for name in ("report.md", "report.csv", "report.json", "run.json"):
+        assert (demo.run_dir / name).is_file(), name
+
+
+def test_the_demo_results_follow_the_contract(demo: Demo) -> None:
+    meta = json.loads((demo.run_dir / "run.json").read_text())
+    for key in ("run_id", "started_at", "finished_at", "project_version", "suite", "schema_version"):
+        assert key in meta, key
+    assert meta["run_id"] == demo.run_id and meta["finished_at"] and meta["suite"] == "embedded-cpu"
+    host = json.loads((demo.run_dir / "local/host.json").read_text())
+    assert host["engine"]["name"] == "vllm" and host["engine"]["version"] == "0.32.0"
+    assert host["cpu"]["count"] >= 1 and host["gpus"]["count"] == 0 and host["model"]["digest"]
+    for cid in CONFIGS:
+        d = demo.run_dir / "local" / cid
+        status = json.loads((d / "status.json").read_text())
+        assert status["status"] == "ok", status
+        assert status["ready_s"] > 1 and status["started_at"] and status["finished_at"]
+        config = json.loads((d / "config.json").read_text())
+        assert config["command"][config["command"].index("--host") + 1] == "127.0.0.1"
+        assert "{port}" not in config["command"] and config["environment"]["HF_HUB_OFFLINE"] == "1"
+        # the documented defaults where host_vars/local.yml sets a mapping whole, or not at all
+        assert config["timeouts"] == {"health_s": 300, "request_s": 120, "stop_s": 30, "release_s": 30}
+        assert config["warmup_max_tokens"] == 32
+        assert "Application startup complete" in (d / "server.log").read_text()
+        rows = [json.loads(line) for line in (d / "requests.jsonl").read_text().splitlines()]
+        assert len(rows) == 4 * 2 * (1 + 4) * 3  # workloads x contexts x (c1 + c4 requests) x reps
+        for r in rows:
+            for key, typ in ROW_TYPES.items():
+                assert isinstance(r[key], typ), (key, r[key])
+            assert r["ok"] and r["error"] is None and r["config_id"] == cid
+            assert r["completion_tokens"] == 256  # ignore_eos: exactly max_tokens, counted by the server
+            if r["context_tokens"]:
+                assert r["prompt_tokens"] == 512  # built to size with the server's tokenizer
+            assert (r["accept_length"] is None) == (cid == "tp1-autoregressive")
+            assert r["output_tok_s"] == pytest.approx(r["completion_tokens"] / r["e2e_s"])
+        assert {(r["concurrency"], r["rep"]) for r in rows} == {(c, k) for c in (1, 4) for k in range(3)}
+
+
+@pytest.mark.parametrize("fmt", ["md", "csv", "json"])
+def test_collector_report_in_each_format(demo: Demo, fmt: str) -> None:
+    res = typed("python -m collector report results/<id> --format md|csv|json", timeout=120,
+                run_id=demo.run_id, fmt=fmt)
+    assert res.returncode == 0, res.stderr[-3000:]
+    if fmt == "csv":
+        table = list(csv.DictReader(io.StringIO(res.stdout)))
+        assert set(TABLE_COLUMNS) <= set(table[0])
+        assert len(table) == 4 * 16  # 4 configs x (4 workloads x 2 contexts x 2 concurrencies)
+        base = [r for r in table if r["method"] == "autoregressive"]
+        assert all(float(r["speedup"]) == 1.0 and r["status"] == "ok" for r in base)
+        spec = [r for r in table if r["method"] != "autoregressive"]
+        assert all(float(r["speedup_ci_low"]) <= float(r["speedup"]) <= float(r["speedup_ci_high"]) for r in spec)
+        assert all(float(r["accept_length_mean"]) >= 1.0 for r in spec)
+        assert res.stdout == (demo.run_dir / "report.csv").read_text()
+    elif fmt == "json":
+        assert len(json.loads(res.stdout)["rows"]) == 64
+    else:
+        assert "| host" in res.stdout and "tp1-draft_model-k3" in res.stdout
+
+
+def test_check_mode_starts_nothing(demo: Demo) -> None:
+    before = run_folders()
+    res = typed("ansible-playbook bench.yml -l local --check", timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:]
+    assert "Plan for local: 4 configs" in res.stdout and "bench_timeouts: health_s=300" in res.stdout
+    assert run_folders() == before
+
+
+def test_resume_keeps_every_config_then_force_runs_them_all_again(demo: Demo) -> None:
+    before = {cid: digest(demo.host_run / cid / "requests.jsonl") for cid in CONFIGS}
+    res = typed("ansible-playbook bench.yml -l local -e run_id=<id>", timeout=600, run_id=demo.run_id)
+    assert res.returncode == 0, res.stdout[-3000:]
+    for k, cid in enumerate(CONFIGS, 1):
+        assert f"[{k}/4] {cid}  already ok in this run, kept" in res.stdout
+    assert [e["event"] for e in demo.last_invocation()] == ["suite_start", *["config_kept"] * 4, "suite_end"]
+    assert {cid: digest(demo.host_run / cid / "requests.jsonl") for cid in CONFIGS} == before
+
+    res = typed("ansible-playbook bench.yml -l local -e run_id=<id> -e force=true", timeout=1500,
+                run_id=demo.run_id)
+    assert res.returncode == 0, res.stdout[-3000:]
+    started = [e["config_id"] for e in demo.last_invocation() if e["event"] == "config_start"]
+    assert started == CONFIGS
+    for cid in CONFIGS:
+        assert json.loads((demo.run_dir / "local" / cid / "status.json").read_text())["status"] == "ok"
+        assert digest(demo.host_run / cid / "requests.jsonl") != before[cid]
+        assert digest(demo.run_dir / "local" / cid / "requests.jsonl") == digest(demo.host_run / cid / "requests.jsonl")
+    assert "speedup_ci_low" in res.stdout
+
+
+def test_plan_for_ct200_prints_every_config_without_connecting() -> None:
+    res = typed("ansible-playbook bench.yml -l ct200 -e plan=true", timeout=120)
+    assert res.returncode == 0, res.stdout[-3000:]
+    out = res.stdout
+    assert "Plan for ct200: 24 configs" in out and "timed requests, estimated" in out
+    assert len(re.findall(r"^\[\d+/24\] tp\d-", out, re.M)) == 24
+    assert "cmd: /opt/specfleet/sglang/bin/python -m sglang.launch_server --model-path /models/Qwen3.6-27B" in out
+    assert "--speculative-algorithm DDTREE" in out and "--speculative-ddtree-budget 64" in out
+    assert "env: HF_HUB_OFFLINE=1 SGLANG_ENABLE_SPEC_V2=1" in out
+    # the effective values, the documented defaults filled in
+    assert "bench_timeouts: health_s=1800 request_s=1800 stop_s=120 release_s=180" in out
+    assert "bench_warmup_max_tokens: 32" in out
+    assert "UNREACHABLE" not in out
+
+
+def test_plan_for_ct200_one_phase() -> None:
+    res = typed("ansible-playbook bench.yml -l ct200 -e plan=true -e phases=tp1", timeout=120)
+    assert res.returncode == 0, res.stdout[-3000:]
+    assert "Plan for ct200: 8 configs" in res.stdout
+    assert "tp4-" not in res.stdout and "tp8-" not in res.stdout
+
+
+ct200_unreachable = pytest.mark.skipif(resolves("ct200") or resolves("pve1"),
+                                       reason="ct200 or pve1 resolves here: as typed, this would work on them")
+
+
+@ct200_unreachable
+def test_check_on_unreachable_ct200_says_what_it_could_not_check() -> None:
+    before = run_folders()
+    res = typed("ansible-playbook bench.yml -l ct200 --check", timeout=120)
+    assert res.returncode != 0
+    out = res.stdout
+    assert "ct200 cannot be reached (Failed to connect to the host via ssh" in out
+    assert "Checked on the controller: its matrix, 24 configs" in out and "Not checked:" in out
+    assert "nothing was changed anywhere" in out and "Traceback" not in out + res.stderr
+    assert re.search(r"ct200\s+: ok=\d+\s+changed=0\s+unreachable=0\s+failed=1", out), out[-2000:]
+    assert run_folders() == before
+
+
+@ct200_unreachable
+@pytest.mark.parametrize("command", ["ansible-playbook bench.yml -l ct200",
+                                     "ansible-playbook bench.yml -l ct200 -e run_id=<id>",
+                                     "ansible-playbook bench.yml -l ct200 -e run_id=<id> -e force=true"])
+def test_suite_on_unreachable_ct200_starts_nothing_and_says_how_to_resume(command: str) -> None:
+    before = run_folders()
+    res = typed(command, timeout=120, run_id="20261201T000000Z")
+    assert res.returncode != 0
+    assert "ct200 cannot be reached" in res.stdout and "Nothing was started on it" in res.stdout
+    assert re.search(r"run again with -l ct200 -e run_id=\S+", res.stdout), res.stdout[-2000:]
+    if "<id>" in command:
+        assert "-e run_id=20261201T000000Z" in res.stdout
+    assert "Traceback" not in res.stdout + res.stderr and run_folders() == before
+
+
+@ct200_unreachable
+@pytest.mark.parametrize("playbook", ["provision", "recover"])
+def test_provisioning_unreachable_ct200_stops_at_once(playbook: str) -> None:
+    """Provisioning itself runs for real on test hosts (test_provision_hosts.py); as typed here, with ct200 out
+    of reach, it stops at the first task, naming the cause."""
+    res = typed(f"ansible-playbook playbooks/{playbook}.yml -l ct200", timeout=120)
+    assert res.returncode == 4  # ansible-playbook: a host was unreachable
+    # provision.yml gathers the container's facts first, recover.yml starts on its Proxmox host
+    unreachable = "ct200" if playbook == "provision" else "pve1"
+    assert f"Could not resolve hostname {unreachable}" in res.stdout and "Traceback" not in res.stdout + res.stderr
+    assert re.search(r"ct200\s+: ok=\d+\s+changed=0\s+unreachable=1", res.stdout), res.stdout[-2000:]

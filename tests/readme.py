@@ -1,0 +1,73 @@
+"""README.md's commands, as a user types them: parsed from its `sh` blocks and run unchanged.
+
+A command runs in the repository root through bash, after every `. <file>` line that comes before it in
+the README (the virtualenv's activation), with the shipped inventory, host_vars and group_vars. The only
+thing a test fills in is what the README leaves to the reader: `<id>` (a run id the test made) and one of
+the alternatives `md|csv|json`; `[<id>]` is run with and without the id.
+"""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+
+
+def readme_lines() -> list[str]:
+    """Every command line of the README's `sh` blocks, comments and continuation comments removed, in order."""
+    out: list[str] = []
+    for block in re.findall(r"^```sh\n(.*?)^```", README.read_text(), re.M | re.S):
+        for raw in block.splitlines():
+            line = raw.split(" #", 1)[0].strip() if not raw.lstrip().startswith("#") else ""
+            if line:
+                out.append(line)
+    return out
+
+
+def commands() -> list[str]:
+    """The README's commands (a command that appears twice is one command), sourcing lines included."""
+    seen: list[str] = []
+    for line in readme_lines():
+        if line not in seen:
+            seen.append(line)
+    return seen
+
+
+def _sourced_before(command: str) -> list[str]:
+    lines = readme_lines()
+    first = lines.index(command)
+    return [line for line in lines[:first] if line.startswith(". ")]
+
+
+def resolves(host: str) -> bool:
+    """Whether a host name resolves here (a test must not start a real suite on a real GPU host)."""
+    try:
+        socket.getaddrinfo(host, 22)
+    except OSError:
+        return False
+    return True
+
+
+def typed(command: str, *, timeout: float, run_id: str | None = None, fmt: str | None = None
+          ) -> subprocess.CompletedProcess[str]:
+    """Run one README command as typed; `<id>`, `[<id>]` and `md|csv|json` filled in as the reader would."""
+    assert command in commands(), f"not a README command: {command}"
+    line = command
+    if "[<id>]" in line:
+        line = line.replace("[<id>]", run_id or "")
+    elif "<id>" in line:
+        assert run_id, f"{command} needs a run id"
+        line = line.replace("<id>", run_id)
+    if "md|csv|json" in line:
+        assert fmt in ("md", "csv", "json"), fmt
+        line = line.replace("md|csv|json", fmt)
+    script = " && ".join([*_sourced_before(command), line])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "VIRTUAL_ENV"))}
+    # as in a new shell: the project's virtualenv is on PATH only once the README's activation line ran
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if Path(p) != ROOT / ".venv/bin")
+    return subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)

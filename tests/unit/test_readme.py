@@ -1,0 +1,76 @@
+"""README.md stays true: every command in it is run as typed by a named test, and its lists match the code."""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from agent.classify import Reason
+from tests.readme import README, ROOT, commands
+
+# Each README command -> the tests that run it exactly as typed (tests/readme.py `typed`).
+COVERED: dict[str, list[str]] = {
+    "make demo": ["tests/integration/test_readme_local.py::demo"],
+    "make test": [".ci/run"],  # CI's whole run; it cannot run inside itself
+    ". .venv/bin/activate": ["tests/readme.py::typed"],  # sourced before every command after it
+    "ansible-playbook bench.yml -l local --check": ["tests/integration/test_readme_local.py::"
+                                                    "test_check_mode_starts_nothing"],
+    "ansible-playbook bench.yml -l local -e run_id=<id>": [
+        "tests/integration/test_readme_local.py::test_resume_keeps_every_config_then_force_runs_them_all_again"],
+    "ansible-playbook bench.yml -l local -e run_id=<id> -e force=true": [
+        "tests/integration/test_readme_local.py::test_resume_keeps_every_config_then_force_runs_them_all_again"],
+    "python -m collector report results/<id> --format md|csv|json": [
+        "tests/integration/test_readme_local.py::test_collector_report_in_each_format"],
+    "ansible-playbook bench.yml -l ct200 -e plan=true": [
+        "tests/integration/test_readme_local.py::test_plan_for_ct200_prints_every_config_without_connecting"],
+    "ansible-playbook bench.yml -l ct200 -e plan=true -e phases=tp1": [
+        "tests/integration/test_readme_local.py::test_plan_for_ct200_one_phase"],
+    "ansible-playbook bench.yml -l ct200 --check": [
+        "tests/integration/test_readme_local.py::test_check_on_unreachable_ct200_says_what_it_could_not_check"],
+    **{cmd: ["tests/integration/test_readme_local.py::"
+             "test_suite_on_unreachable_ct200_starts_nothing_and_says_how_to_resume"]
+       for cmd in ("ansible-playbook bench.yml -l ct200", "ansible-playbook bench.yml -l ct200 -e run_id=<id>",
+                   "ansible-playbook bench.yml -l ct200 -e run_id=<id> -e force=true")},
+    # as typed, ct200 is out of reach; the playbooks run for real on test hosts in test_provision_hosts.py
+    "ansible-playbook playbooks/provision.yml -l ct200": [
+        "tests/integration/test_readme_local.py::test_provisioning_unreachable_ct200_stops_at_once",
+        "tests/integration/test_provision_hosts.py::test_provision_twice_every_role_changes_then_nothing"],
+    "ansible-playbook playbooks/recover.yml -l ct200": [
+        "tests/integration/test_readme_local.py::test_provisioning_unreachable_ct200_stops_at_once",
+        "tests/integration/test_provision_hosts.py::test_recover_after_a_reboot_of_the_proxmox_host"],
+    "make testhosts": ["tests/integration/test_testhosts_suite.py::testhosts"],
+    "ansible-playbook playbooks/engine.yml -l testhosts": ["tests/integration/test_testhosts_suite.py::testhosts"],
+    "ansible-playbook bench.yml -l testhosts": ["tests/integration/test_testhosts_suite.py::two_host_run"],
+    "python -m collector pull -l testhosts [<id>]": [
+        "tests/integration/test_testhosts_suite.py::test_collector_pull_fetches_a_run"],
+}
+
+
+def _functions(path: Path) -> set[str]:
+    return {n.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef)}
+
+
+def test_every_readme_command_is_run_as_typed_by_a_test() -> None:
+    assert commands() == list(COVERED), "README commands and their tests differ: update COVERED or the README"
+
+
+def test_the_named_tests_exist() -> None:
+    for command, where in COVERED.items():
+        for ref in where:
+            path, _, name = ref.partition("::")
+            source = (ROOT / path).read_text()
+            if not name:
+                assert f"\n{command}\n" in f"\n{source}\n", (command, ref)
+                continue
+            assert name in _functions(ROOT / path), ref
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    assert "make test" in commands()
+    assert re.search(r"^make test$", (ROOT / ".ci/run").read_text(), re.M)
+
+
+def test_readme_lists_every_failure_reason() -> None:
+    text = README.read_text()
+    paragraph = text[text.index("Failure reasons"):].split("Each status", 1)[0]
+    assert re.findall(r"`([a-z_]+)`", paragraph) == [r.value for r in Reason]
