@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
+import re
 from typing import Any, Iterable
 
 from . import workloads
@@ -20,12 +22,21 @@ NEEDS_DRAFT = ("draft_model", "eagle", "eagle3", "dflash", "ddtree")
 NEEDS_K = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
 PREFIX = "bench_"
 
-_NAME = "^[A-Za-z0-9][A-Za-z0-9_.-]*$"
-_NAME_TEXT = "letters, digits, '.', '_' and '-', starting with a letter or digit"
+# `\Z`, not `$`: `$` also matches before a trailing newline
+NAME_MAX = 64
+_NAME = f"^[A-Za-z0-9][A-Za-z0-9_.-]{{0,{NAME_MAX - 1}}}\\Z"
+_NAME_TEXT = f"letters, digits, '.', '_' and '-', starting with a letter or digit, at most {NAME_MAX} characters"
+_ENV_NAME = "^[A-Za-z_][A-Za-z0-9_]*\\Z"
+_ENV_NAME_TEXT = "letters, digits and '_', not starting with a digit"
+_NO_NUL = "^[^\\x00]*\\Z"
+_HOSTNAME = re.compile(r"^(?=.{1,253}\Z)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}"
+                       r"[A-Za-z0-9])?)*\Z")
+NAME_RE = re.compile(_NAME)
 _pos_int = {"type": "integer", "minimum": 1}
 _int_list = {"type": "array", "minItems": 1, "items": _pos_int, "uniqueItems": True}
-_str_list = {"type": "array", "items": {"type": "string"}}
-_env = {"type": "object", "additionalProperties": {"type": ["string", "number", "boolean"]}}
+_str_list = {"type": "array", "items": {"type": "string", "pattern": _NO_NUL}}
+_env = {"type": "object", "propertyNames": {"pattern": _ENV_NAME},
+        "additionalProperties": {"type": ["string", "number", "boolean"], "pattern": _NO_NUL}}
 _model = {
     "type": "object", "required": ["name", "path"], "additionalProperties": False,
     "properties": {"name": {"type": "string", "minLength": 1}, "path": {"type": "string", "minLength": 1},
@@ -93,6 +104,7 @@ SCHEMA = {
         "timeouts": {"type": "object", "additionalProperties": False, "properties": {
             k: {"type": "number", "exclusiveMinimum": 0}
             for k in ("health_s", "request_s", "stop_s", "release_s")}},
+        "server_log_max_mib": {"type": "integer", "minimum": 1, "maximum": 65536},
         "estimate": {"type": "object", "additionalProperties": False, "properties": {
             k: {"type": "number", "exclusiveMinimum": 0} for k in ("startup_s", "tok_s", "prefill_tok_s")}},
         "phases": {
@@ -134,6 +146,7 @@ DEFAULTS: dict[str, Any] = {
     "warmup_max_tokens": 32,
     "workloads": {},
     "timeouts": {"health_s": 900, "request_s": 900, "stop_s": 60, "release_s": 120},
+    "server_log_max_mib": 64,
     "estimate": {"startup_s": 120, "tok_s": 25, "prefill_tok_s": 5000},
 }
 PARTIAL = ("sampling", "timeouts", "estimate")   # mappings completed key by key
@@ -271,6 +284,10 @@ def _format(err: Any) -> list[str]:
         types = [err.validator_value] if isinstance(err.validator_value, str) else list(err.validator_value)
         msg = (f"{where}: {_shown(inst, secret)} is not of type {_or([repr(t) for t in types])}; "
                f"allowed: {allowed(schema)}")
+        if isinstance(inst, float) and not math.isfinite(inst):
+            msg += " (a finite number)"
+        elif isinstance(inst, float) and "integer" in types and not secret:
+            msg += f" (a whole number written as {inst!r}: write {int(inst)})"
         if _quoted_number(inst, types) and not secret:
             msg += " (a quoted string: write it unquoted in YAML"
             if len(parts) == 1:  # `-e bench_x=2` gives the string '2'
@@ -305,6 +322,11 @@ def _format(err: Any) -> list[str]:
         return [f"{where}: {_shown(inst, secret)} should be non-empty (at least {n} item{'s' if n > 1 else ''})"]
     if kind == "minLength":
         return [f"{where}: {_shown(inst, secret)} should be non-empty (at least {err.validator_value} character)"]
+    if kind == "pattern" and err.validator_value == _ENV_NAME:
+        return [f"{where}: {_shown(inst, False)} is not a valid environment variable name; allowed: {_ENV_NAME_TEXT}"]
+    if kind == "pattern" and err.validator_value == _NO_NUL:
+        return [f"{where}: contains a NUL byte, which no argument or environment value can hold; allowed: text "
+                f"without NUL bytes"]
     if kind == "pattern":
         text = _NAME_TEXT if err.validator_value == _NAME else f"a string matching {err.validator_value}"
         return [f"{where}: {_shown(inst, secret)} is not a valid name; allowed: {text}"]
@@ -315,10 +337,22 @@ def _format(err: Any) -> list[str]:
     return [f"{where}: {text}; allowed: {allowed(schema)}"]
 
 
+def _is_integer(_checker: Any, value: Any) -> bool:
+    """Integers only: not booleans, and not floats that happen to be whole (`1.0` would reach commands as 1.0)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(_checker: Any, value: Any) -> bool:
+    """Finite numbers only: `.nan` and `.inf` are no timeout, temperature or rate."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _schema_errors(suite: Any) -> list[str]:
     import jsonschema
 
-    validator = jsonschema.Draft202012Validator(SCHEMA)
+    base = jsonschema.Draft202012Validator
+    checker = base.TYPE_CHECKER.redefine_many({"integer": _is_integer, "number": _is_number})
+    validator = jsonschema.validators.extend(base, type_checker=checker)(SCHEMA)
     msgs: list[str] = []
     for err in sorted(validator.iter_errors(suite), key=lambda e: list(map(str, e.absolute_path))):
         for msg in _format(err):
@@ -357,17 +391,53 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def validate(suite: dict[str, Any], phases: list[str] | None = None) -> None:
-    """Raise MatrixError listing every problem, each naming its field."""
+def _strings(obj: Any, parts: tuple[Any, ...] = ()) -> Iterable[tuple[tuple[Any, ...], str]]:
+    if isinstance(obj, str):
+        yield parts, obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _strings(v, (*parts, k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _strings(v, (*parts, i))
+
+
+def _secret_errors(suite: dict[str, Any], secrets_hidden: bool) -> list[str]:
+    """The API key and the bind address; placeholder-shaped text, which would be resolved to a secret on the host."""
+    errors = []
+    if not secrets_hidden:
+        for parts, value in _strings(suite):
+            if PLACEHOLDER.search(value):
+                errors.append(f"{_path(parts)}: holds text of the form <secret:N>, which marks hidden secrets on "
+                              f"the way to the host; allowed: any other text")
+    bind = suite["bind_host"]
+    try:
+        ipaddress.ip_address(bind)
+    except ValueError:
+        if not _HOSTNAME.match(bind):
+            errors.append(f"{PREFIX}bind_host: {_shown(bind, False)} is not an address; allowed: an IPv4 or IPv6 "
+                          f"address or a host name (127.0.0.1 keeps the servers on this host)")
+            return errors
+    key = suite["api_key"] or ""
+    if secrets_hidden and PLACEHOLDER.fullmatch(key):
+        return errors
+    if key and not key.isprintable() or any(c.isspace() for c in key):
+        errors.append(f"{PREFIX}api_key: holds spaces or control characters (value not shown); allowed: "
+                      f"printable characters without spaces")
+    elif not is_loopback(bind) and len(key) < 16:
+        errors.append(f"{PREFIX}api_key: servers bound to {bind} are reachable from the network and need an API "
+                      f"key of at least 16 characters (keep it in a vault); or set {PREFIX}bind_host: 127.0.0.1")
+    return errors
+
+
+def validate(suite: dict[str, Any], phases: list[str] | None = None, *, secrets_hidden: bool = False) -> None:
+    """Raise MatrixError listing every problem, each naming its field. `secrets_hidden`: the suite's secrets
+    are already placeholders (secrets.split), as on the controller after the first validation."""
     suite = with_defaults(suite)
     errors = _schema_errors(suite)
     if errors:
         raise MatrixError("\n".join(errors))
-    bind = suite["bind_host"]
-    key = suite["api_key"] or ""
-    if not is_loopback(bind) and len(key) < 16 and not PLACEHOLDER.fullmatch(key):
-        errors.append(f"{PREFIX}api_key: servers bound to {bind} are reachable from the network and need an API "
-                      f"key of at least 16 characters (keep it in a vault); or set {PREFIX}bind_host: 127.0.0.1")
+    errors += _secret_errors(suite, secrets_hidden)
     engine = ENGINES[suite["engine"]]
     known = set(workloads.known()) | set(suite["workloads"])
     gpus = suite["gpu_count"]
@@ -393,7 +463,14 @@ def validate(suite: dict[str, Any], phases: list[str] | None = None) -> None:
             if cfg["method"] in NEEDS_DRAFT and not (cfg.get("draft_model") or suite.get("draft_model")):
                 errors.append(f"{cw}.draft_model: method {cfg['method']} needs a draft model "
                               f"(set {PREFIX}draft_model or the config's draft_model)")
+            lo, hi = cfg.get("prompt_lookup_min"), cfg.get("prompt_lookup_max")
+            if lo is not None and hi is not None and lo > hi:
+                errors.append(f"{cw}.prompt_lookup_min: {lo} is above prompt_lookup_max {hi}; allowed: "
+                              f"prompt_lookup_min <= prompt_lookup_max")
             cid = f"{phase['name']}-{label(cfg)}"
+            if not NAME_RE.match(cid):
+                errors.append(f"{cw}: config id {cid[:80]!r} is too long for a folder name; allowed: at most "
+                              f"{NAME_MAX} characters (shorten the phase name or set a shorter `id`)")
             if cid in seen_ids and first == i:  # a duplicate phase name is reported once, above
                 errors.append(f"{cw}: duplicate config id {cid!r} (also {seen_ids[cid]}); set a distinct `id`")
             seen_ids.setdefault(cid, cw)
@@ -402,6 +479,17 @@ def validate(suite: dict[str, Any], phases: list[str] | None = None) -> None:
             errors.append(f"{where}.configs: every phase needs an autoregressive baseline config; add "
                           f"{{method: autoregressive}} (methods now: "
                           f"{', '.join(sorted({c['method'] for c in phase['configs']}))})")
+        warmup = suite["warmup_max_tokens"]
+        for j, cfg in enumerate(phase["configs"]):
+            # the warmup request uses the config's first cell: the first sweep that includes it
+            k, sweep = next(((k, s) for k, s in enumerate(phase["sweeps"]) if not s.get("methods")
+                             or label(cfg) in s["methods"] or cfg["method"] == "autoregressive"), (0, {}))
+            context = (sweep.get("context_tokens") or [0])[0]
+            if max_len and context + warmup > max_len:
+                errors.append(f"{PREFIX}warmup_max_tokens: {warmup} tokens after the warmup prompt of "
+                              f"{where}.configs[{j}] ({context} context tokens, {where}.sweeps[{k}]) exceed the "
+                              f"model's max_model_len {max_len}; allowed: at most {max(max_len - context, 0)}")
+                break
         for j, sweep in enumerate(phase["sweeps"]):
             sw = f"{where}.sweeps[{j}]"
             for k, w in enumerate(sweep["workloads"]):
@@ -435,9 +523,10 @@ def _cells(suite: dict[str, Any], sweep: dict[str, Any]) -> list[dict[str, int |
             for c in sweep.get("concurrency", [1])]
 
 
-def expand(suite: dict[str, Any], phases: list[str] | None = None) -> list[dict[str, Any]]:
+def expand(suite: dict[str, Any], phases: list[str] | None = None, *, secrets_hidden: bool = False
+           ) -> list[dict[str, Any]]:
     """Resolved configs in run order: phase by phase, the baseline first in each."""
-    validate(suite, phases)
+    validate(suite, phases, secrets_hidden=secrets_hidden)
     suite = with_defaults(suite)
     engine = ENGINES[suite["engine"]]
     est = suite["estimate"]

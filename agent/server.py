@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from .classify import Reason
+from .logbound import BoundedLog
+from .sweep import MARK, sweep
 
 POLL_S = 0.25
 
@@ -35,6 +37,7 @@ class Backend(Protocol):
     port: int
     log_path: Path
     pid: int | None
+    survivors: list[dict[str, object]]  # marked processes that outlived the stop, killed by it
 
     def start(self) -> None: ...
     def wait_ready(self, health_path: str, deadline_s: float) -> float: ...
@@ -90,18 +93,28 @@ class ProcessServer:
     """The engine as a child process group of the agent."""
 
     def __init__(self, argv: list[str], env: dict[str, str], log_path: Path, port: int,
-                 host: str = "127.0.0.1", headers: dict[str, str] | None = None) -> None:
+                 host: str = "127.0.0.1", headers: dict[str, str] | None = None,
+                 log_max_bytes: int = 64 << 20) -> None:
         self.argv, self.env, self.log_path, self.port, self.host = argv, env, log_path, port, host
         self.headers = headers or {}
+        self.log_max_bytes = log_max_bytes
         self.proc: subprocess.Popen[bytes] | None = None
+        self.log: BoundedLog | None = None
+        self.survivors: list[dict[str, object]] = []
 
     def start(self) -> None:
         if port_in_use(self.port, self.host):
             raise StartupFailed(Reason.PORT_IN_USE, f"port {self.port} on {self.host} is already taken")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+        self.log = BoundedLog(self.log_path, self.log_max_bytes)
+        try:
+            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError:
+            self.log.close()
+            raise
+        assert self.proc.stdout is not None
+        self.log.pump(self.proc.stdout)
 
     @property
     def pid(self) -> int | None:
@@ -111,6 +124,8 @@ class ProcessServer:
         return self.proc is not None and self.proc.poll() is None
 
     def log_text(self) -> str:
+        if self.log is not None:
+            return self.log.text()
         try:
             return self.log_path.read_text(errors="replace")
         except OSError:
@@ -138,9 +153,20 @@ class ProcessServer:
             time.sleep(POLL_S)
 
     def stop(self, deadline_s: float) -> None:
-        """SIGTERM the group, SIGKILL it after the deadline, then verify process and port are gone."""
+        """SIGTERM the group, SIGKILL it after the deadline, then verify process and port are gone; kill what
+        left the group but carries the config's mark; close the log."""
         if self.proc is None:
             return
+        try:
+            self._stop_group(deadline_s)
+        finally:
+            if self.env.get(MARK):
+                self.survivors = sweep(self.env[MARK])
+            if self.log is not None:
+                self.log.close()
+
+    def _stop_group(self, deadline_s: float) -> None:
+        assert self.proc is not None
         pgid = self.proc.pid
         _signal_group(pgid, signal.SIGTERM)
         _signal_group(pgid, signal.SIGCONT)  # a stopped (frozen) server handles the SIGTERM only once resumed

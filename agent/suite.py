@@ -33,6 +33,7 @@ from .store import (
     write_json,
     write_jsonl,
 )
+from .sweep import MARK
 from .systemd import SystemdServer, leftover_units
 
 ENV_PASSTHROUGH = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH", "CUDA_HOME")
@@ -228,20 +229,28 @@ class Suite:
             except RuntimeError as exc:
                 detail = f"{detail + '; ' if detail else ''}stop: {exc}"
             stop_s = time.monotonic() - t_stop
+        survivors = server.survivors
+        if survivors:
+            what = "; ".join(f"pid {p['pid']} {p['cmdline'][:80]}" for p in survivors[:5])
+            detail = (f"{detail + '; ' if detail else ''}{len(survivors)} process(es) outlived the server "
+                      f"(left its process group or unit) and were killed: {what}")
         log_text = _read(server.log_path)  # after stop: the whole output (process) or the journal (systemd)
         if self.secrets and any(v in log_text for v in self.secrets):
             log_text = scrub(log_text, self.secrets)  # engines log their arguments: keep secrets out
             write_atomic(server.log_path, log_text.encode())
         return self._record(cfg, status, reason, detail, rows=rows, log_tail=tail(log_text, 40), argv=argv,
                             prepared=True, started_at=started_at, ready_s=ready_s, port=port,
-                            timed_s=round(self.timed_s, 3), stop_s=round(stop_s, 3),
+                            timed_s=round(self.timed_s, 3), stop_s=round(stop_s, 3), survivors=survivors,
                             wall_s=round(time.monotonic() - t0, 3))
 
     def _server(self, cfg: dict[str, Any], argv: list[str], env: dict[str, str], log: Path, port: int) -> Backend:
+        mark = {MARK: f"{self.store.dir.parent.name}/{cfg['config_id']}/{uuid.uuid4().hex[:12]}"}
+        log_max = int(self.suite.get("server_log_max_mib", 64)) << 20
         if self.suite.get("backend") == "systemd":
-            return SystemdServer(self.engine.name, cfg["config_id"], argv, cfg["env"], log, port, host=self.connect,
-                                 headers=self.headers)
-        return ProcessServer(argv, env, log, port, host=self.connect, headers=self.headers)
+            return SystemdServer(self.engine.name, cfg["config_id"], argv, {**cfg["env"], **mark}, log, port,
+                                 host=self.connect, headers=self.headers, log_max_bytes=log_max)
+        return ProcessServer(argv, {**env, **mark}, log, port, host=self.connect, headers=self.headers,
+                             log_max_bytes=log_max)
 
     # -- requests ---------------------------------------------------------------------------
     def _prompts(self, cfg: dict[str, Any], port: int) -> dict[tuple[str, int], str | list[int]]:

@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from .classify import Reason
+from .logbound import bounded
 from .server import POLL_S, StartupFailed, http_status, listener_pids, port_in_use, wait_until
 from .store import write_atomic
+from .sweep import MARK, sweep
 
 UNIT_DIR_ENV = Path("/etc/specfleet/units")
 
@@ -50,13 +52,15 @@ class SystemdServer:
 
     def __init__(self, engine: str, instance: str, argv: list[str], env: dict[str, str], log_path: Path,
                  port: int, host: str = "127.0.0.1", env_dir: Path = UNIT_DIR_ENV,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, log_max_bytes: int = 64 << 20) -> None:
         self.unit = f"specfleet-{engine}@{instance_name(instance)}.service"
         self.env_path = env_dir / f"{instance_name(instance)}.env"
         self.argv, self.env, self.log_path, self.port, self.host = argv, env, log_path, port, host
         self.headers = headers or {}
         self.invocation: str | None = None
         self.pid: int | None = None
+        self.log_max_bytes = log_max_bytes
+        self.survivors: list[dict[str, object]] = []
 
     def _show(self) -> dict[str, str]:
         res = _systemctl("show", self.unit, "-p", "ActiveState,SubState,MainPID,ExecMainStatus,Result,InvocationID")
@@ -134,7 +138,10 @@ class SystemdServer:
                               or not any(self.unit in _cgroup(p) for p in listener_pids(self.port)), 30):
                 raise RuntimeError(f"port {self.port} still in use after {self.unit} stopped")
         finally:
-            write_atomic(self.log_path, self.journal().encode())
+            if self.env.get(MARK):  # KillMode=control-group ends the unit's cgroup; anything else marked goes too
+                self.survivors = sweep(self.env[MARK])
+            # the journal keeps the whole invocation; the results get the same bound as the process backend
+            write_atomic(self.log_path, bounded(self.journal(), self.log_max_bytes).encode())
             try:
                 self.env_path.unlink()
             except FileNotFoundError:

@@ -1,4 +1,4 @@
-"""`python -m collector report RUN_DIR --format md|csv|json`, `stamp` (run.json), `pull`, and `unpack`
+"""`python -m collector report RUN_DIR --format md|csv|json`, `stamp` (run.json), `verdict`, `pull`, and `unpack`
 (one host's archive into the run folder)."""
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from agent.store import now_iso, read_json, write_atomic, write_json
 from .load import load_run
 from .pull import pull
 from .report import render
+from .verdict import FAIL_ON, judge
 
 
 def _commit() -> str | None:
@@ -83,6 +84,16 @@ def report(args: argparse.Namespace) -> int:
     return 0
 
 
+def verdict(args: argparse.Namespace) -> int:
+    root = Path(args.run_dir)
+    if not root.is_dir():
+        print(f"no such run folder: {root}", file=sys.stderr)
+        return 2
+    result = judge(load_run(root), args.hosts, args.fail_on)
+    print("\n".join(result.lines))
+    return 0 if result.ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m collector")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -102,6 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("host")
     k.add_argument("archive")
     k.set_defaults(func=unpack)
+    v = sub.add_parser("verdict", help="exit 1 when the run's statuses fail bench_fail_on")
+    v.add_argument("run_dir")
+    v.add_argument("--fail-on", choices=FAIL_ON, default="none_ok")
+    v.add_argument("--hosts", nargs="*", default=[])
+    v.set_defaults(func=verdict)
     u = sub.add_parser("pull", help="fetch a run's results from hosts through ansible-runner")
     u.add_argument("-l", "--limit", required=True, help="hosts or groups, as for ansible-playbook -l")
     u.add_argument("run_id", nargs="?", help="the run to fetch (default: the newest on each host)")

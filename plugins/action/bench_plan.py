@@ -46,6 +46,66 @@ def unknown_variables(task_vars: dict[str, Any]) -> list[str]:
     return out
 
 
+TRUE = ("true", "yes", "1")
+FALSE = ("false", "no", "0")
+NAME_TEXT = f"letters, digits, '.', '_' and '-', starting with a letter or digit, at most {matrix.NAME_MAX} characters"
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def switch(name: str, value: Any, problems: list[str]) -> bool:
+    """A boolean extra var (`-e plan=true`), strictly: a typo fails instead of meaning false."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in TRUE + FALSE:
+        return value.strip().lower() in TRUE
+    problems.append(f"{name}: {_shown(value)} is not a boolean; allowed: true, false, yes, no, 1, 0 "
+                    f"(e.g. -e {name}=true)")
+    return False
+
+
+def phase_names(value: Any, problems: list[str]) -> list[str] | None:
+    """`-e phases=tp1,tp4`, a list, or a single name (a number too); None for all phases."""
+    if value is None or value == "" or value == []:
+        return None
+    if isinstance(value, (str, int)) and not isinstance(value, bool):
+        value = str(value).split(",")
+    if isinstance(value, list) and all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in value):
+        names = [str(v).strip() for v in value if str(v).strip()]
+        return names or None
+    problems.append(f"phases: {_shown(value)} is not a list of phase names; allowed: names separated by commas "
+                    f"(e.g. -e phases=tp1,tp4)")
+    return None
+
+
+def run_checks(args: dict[str, Any], host: str, problems: list[str]) -> dict[str, Any]:
+    """What the invocation is (plan only, force, run id, phases) and where it goes, checked before any host is
+    touched; returns the normalised values."""
+    if not matrix.NAME_RE.match(str(host)):
+        problems.append(f"inventory host {_shown(host)}: not usable as a results folder name; allowed: {NAME_TEXT}")
+    run_id = args.get("run_id")
+    if not isinstance(run_id, (str, int)) or isinstance(run_id, bool) or not matrix.NAME_RE.match(str(run_id)):
+        problems.append(f"run_id: {_shown(run_id)} is not a valid run id; allowed: {NAME_TEXT}")
+    host_dir = args.get("host_dir")
+    if not isinstance(host_dir, str) or not host_dir.startswith("/") or not host_dir.isprintable():
+        problems.append(f"{PREFIX}host_dir: {_shown(host_dir)} is not an absolute path; allowed: an absolute path "
+                        f"on the host without control characters, e.g. /var/lib/specfleet")
+    for name, value in sorted((args.get("limits") or {}).items()):
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            problems.append(f"{name}: {_shown(value)} is not a positive whole number of seconds; allowed: an "
+                            f"integer >= 1")
+    return {"plan_only": switch("plan", args.get("plan", False), problems),
+            "force": switch("force", args.get("force", False), problems),
+            "phases": phase_names(args.get("phases"), problems), "run_id": str(run_id)}
+
+
 def _hms(seconds: float) -> str:
     s = int(round(seconds))
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
@@ -97,26 +157,25 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         args = self._task.args
         suite = args.get("suite") or {}
-        phases = args.get("phases") or None
-        if isinstance(phases, str):
-            phases = [p.strip() for p in phases.split(",") if p.strip()]
         host = (task_vars or {}).get("inventory_hostname", "?")
-        unknown = unknown_variables(task_vars or {})
-        if unknown:
-            result.update(failed=True, msg=f"invalid benchmark matrix for {host}:\n" + "\n".join(unknown))
+        problems = unknown_variables(task_vars or {})
+        run = run_checks(args, host, problems)
+        if problems:
+            result.update(failed=True, msg=f"invalid benchmark matrix for {host}:\n" + "\n".join(problems))
             return result
+        phases = run["phases"]
         hidden, _ = secrets.split(suite)  # configs and this result never hold a secret
         hidden = matrix.with_defaults(hidden)
         try:
             matrix.validate(suite, phases)
-            configs = matrix.expand(hidden, phases)
+            configs = matrix.expand(hidden, phases, secrets_hidden=True)
         except matrix.MatrixError as exc:
             result.update(failed=True, msg=f"invalid benchmark matrix for {host}:\n{exc}")
             return result
         lines = describe(host, configs, hidden)
-        if args.get("show"):
+        if run["plan_only"] or (task_vars or {}).get("ansible_check_mode"):
             display.display("\n".join(lines))
-        result.update(changed=False, configs=configs, suite=hidden, plan_lines=lines,
+        result.update(changed=False, configs=configs, suite=hidden, plan_lines=lines, **run,
                       requests=sum(c["requests"] for c in configs),
                       estimate_s=sum(c["estimate_s"] for c in configs))
         return result

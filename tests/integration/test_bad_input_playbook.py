@@ -139,7 +139,94 @@ def test_unknown_phase_selected(bench: Bench) -> None:
 
 def test_bad_run_id(bench: Bench) -> None:
     out = assert_nothing_started(bench, bench.run({"run_id": "../escape"}, timeout=120))
-    assert "run_id \"../escape\" may hold letters, digits, '.', '_' and '-' only" in out
+    assert "run_id: '../escape' is not a valid run id; allowed: letters, digits, '.', '_' and '-'" in out
+
+
+def test_switches_ids_paths_and_run_limits_are_checked_before_any_host(bench: Bench) -> None:
+    """A typo in a switch does not mean false (plan mode would silently become the real suite); a run id with a
+    trailing newline or of 300 characters, a relative host folder, negative run-only limits: all in one run."""
+    res = bench.run({"bench_host_dir": "relative/specfleet"}, "-e", "plan=ture", "-e", "force=maybe",
+                    "-e", '{"run_id": "r1\\n"}', "-e", "bench_async_s=-5", "-e", "bench_follow_timeout_s=-1",
+                    timeout=120)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and not (ROOT / "playbooks/relative").exists()
+    for line in ["plan: 'ture' is not a boolean; allowed: true, false, yes, no, 1, 0 (e.g. -e plan=true)",
+                 "force: 'maybe' is not a boolean; allowed: true, false, yes, no, 1, 0",
+                 "run_id: 'r1\\n' is not a valid run id; allowed: letters, digits",
+                 "bench_host_dir: 'relative/specfleet' is not an absolute path; allowed: an absolute path",
+                 "bench_async_s: '-5' is not a positive whole number of seconds; allowed: an integer >= 1",
+                 "bench_follow_timeout_s: '-1' is not a positive whole number of seconds"]:
+        assert line in out, f"{line!r} not in:\n{out[-4000:]}"
+    assert "Traceback" not in out and "Plan for local" not in out
+    out = assert_nothing_started(bench, bench.run({"run_id": "r" * 300}, timeout=120))
+    assert "is not a valid run id; allowed: letters, digits, '.', '_' and '-', starting with a letter or digit, at " \
+           "most 64 characters" in out
+
+
+def test_phases_as_a_number_is_an_unknown_phase_not_a_crash(bench: Bench) -> None:
+    out = assert_nothing_started(bench, bench.run({"phases": 5}, timeout=120))
+    assert "phases: unknown phase '5'; allowed: tp1" in out
+    assert "Tagged" not in out and "not iterable" not in out and "Traceback" not in out
+
+
+def test_numbers_names_environment_and_limits_in_one_run(bench: Bench) -> None:
+    """Non-finite and whole-float numbers, control characters in names, bad environment names and a NUL byte:
+    every field named at once (the schema's classes); then the cross-field limits, which follow it."""
+    bad: dict[str, Any] = {
+        "bench_sampling": {"temperature": float("nan")},
+        "bench_timeouts": {"health_s": float("inf")},
+        "bench_env": {"1BAD": "x", "MY VAR": "y", "A=B": "z", "OK": "nul\x00here"},
+        "bench_phases": [{"name": "tp1\n", "tp": 1.0, "configs": [
+            {"method": "autoregressive"}, {"method": "ngram", "num_speculative_tokens": 3.0, "id": "k3\x07"}],
+            "sweeps": [{"workloads": ["fib"]}]}],
+    }
+    out = assert_nothing_started(bench, bench.run(bad, timeout=120))
+    for line in ["bench_sampling.temperature: nan is not of type 'number'; allowed: a number >= 0 (a finite number)",
+                 "bench_timeouts.health_s: inf is not of type 'number'; allowed: a number > 0 (a finite number)",
+                 "bench_env: '1BAD' is not a valid environment variable name",
+                 "bench_env: 'MY VAR' is not a valid environment variable name",
+                 "bench_env: 'A=B' is not a valid environment variable name",
+                 "bench_env.OK: contains a NUL byte",
+                 "bench_phases[0].name: 'tp1\\n' is not a valid name",
+                 "bench_phases[0].tp: 1.0 is not of type 'integer'; allowed: an integer >= 1 (a whole number "
+                 "written as 1.0: write 1)",
+                 "bench_phases[0].configs[1].num_speculative_tokens: 3.0 is not of type 'integer'",
+                 "bench_phases[0].configs[1].id: 'k3\\x07' is not a valid name"]:
+        assert line in out, f"{line!r} not in:\n{out[-5000:]}"
+    limits = {"bench_warmup_max_tokens": 2048, "bench_phases": [{"name": "tp1", "configs": [
+        {"method": "autoregressive"},
+        {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 4, "prompt_lookup_max": 2}],
+        "sweeps": [{"workloads": ["fib"], "max_tokens": [32]}]}]}
+    out = assert_nothing_started(bench, bench.run(limits, timeout=120))
+    assert "bench_warmup_max_tokens: 2048 tokens after the warmup prompt" in out
+    assert "exceed the model's max_model_len 1024; allowed: at most 1024" in out
+    assert "bench_phases[0].configs[1].prompt_lookup_min: 4 is above prompt_lookup_max 2" in out
+
+
+def test_exposed_servers_need_a_real_key_and_an_address(bench: Bench) -> None:
+    """A placeholder-shaped key (which would skip the length rule) or one of 16 spaces does not expose a server;
+    neither does an address that is not one."""
+    out = assert_nothing_started(bench, bench.run({"bench_bind_host": "0.0.0.0", "bench_api_key": "<secret:0>"},
+                                                  timeout=120))
+    assert "bench_api_key: holds text of the form <secret:N>" in out
+    out = assert_nothing_started(bench, bench.run({"bench_bind_host": "0.0.0.0", "bench_api_key": " " * 16},
+                                                  timeout=120))
+    assert "bench_api_key: holds spaces or control characters (value not shown)" in out
+    out = assert_nothing_started(bench, bench.run({"bench_bind_host": "0.0.0.0 --x"}, timeout=120))
+    assert "bench_bind_host: '0.0.0.0 --x' is not an address; allowed: an IPv4 or IPv6 address or a host name" in out
+
+
+def test_inventory_host_name_unfit_for_a_folder(bench: Bench) -> None:
+    inv = bench.tmp / "inventory-names"
+    inv.mkdir()
+    (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": {"up..and/over": {
+        "ansible_connection": "local", "ansible_python_interpreter": "{{ ansible_playbook_python }}",
+        "bench_host_dir": str(bench.host_dir), "bench_agent_python": "{{ ansible_playbook_python }}",
+        **GOOD_HOST_VARS}}}}))
+    res = subprocess.run(bench.command({}, "-i", str(inv / "hosts.yml"), limit="all"), cwd=ROOT, env=bench.env(),
+                         capture_output=True, text=True, timeout=120)
+    out = assert_nothing_started(bench, res)
+    assert "inventory host 'up..and/over': not usable as a results folder name" in out
 
 
 def test_inventory_with_a_malformed_host_vars_file(bench: Bench) -> None:

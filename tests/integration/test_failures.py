@@ -99,7 +99,10 @@ def test_failed_baseline_skips_the_rest_of_its_phase(bench: Bench) -> None:
     matrix = reduced_matrix([{"method": "autoregressive", "server_args": ["--no-such-flag"]},
                              {"method": "ngram", "num_speculative_tokens": 2}])
     res = bench.run({**matrix, "run_id": run})
-    assert res.returncode == 0, res.stdout[-3000:]
+    # no config finished ok: recorded and reported, and the play fails (bench_fail_on: none_ok)
+    assert res.returncode == 2, res.stdout[-3000:]
+    assert ("local: 2 configs: 0 ok, 1 failed, 1 skipped (baseline_failed 1, unsupported_flag 1)  <- fails the run "
+            "(bench_fail_on: none_ok)") in res.stdout
     host = bench.results / run / "local"
     base = json.loads((host / "tp1-autoregressive/status.json").read_text())
     spec = json.loads((host / "tp1-ngram-k2/status.json").read_text())

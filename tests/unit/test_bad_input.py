@@ -275,6 +275,50 @@ CORPUS = [
          id="api_key-wrong-type", hidden="1234567890123456789"),
     case(put("server_args", ["--api-key", 98765432109876]), "bench_server_args[1]", "allowed: a string",
          id="secret-server-arg-wrong-type", hidden="98765432109876"),
+    # --- hardening round 2: numbers that are not what they look like ----------------------------------------
+    case(put("sampling.temperature", float("nan")), "bench_sampling.temperature",
+         "allowed: a number >= 0 (a finite number)", id="temperature-nan"),
+    case(put("timeouts.request_s", float("inf")), "bench_timeouts.request_s", "allowed: a number > 0 (a finite "
+         "number)", id="timeout-inf"),
+    case(put("estimate.tok_s", float("-inf")), "bench_estimate.tok_s", "(a finite number)", id="estimate-minus-inf"),
+    case(put("phases.0.tp", 1.0), "bench_phases[0].tp", "allowed: an integer >= 1 (a whole number written as "
+         "1.0: write 1)", id="tp-whole-float"),
+    case(put("phases.0.configs.2.num_speculative_tokens", 3.0), "bench_phases[0].configs[2].num_speculative_tokens",
+         "(a whole number written as 3.0: write 3)", id="k-whole-float"),
+    case(put("repetitions", 2.5), "bench_repetitions", "is not of type 'integer'", id="repetitions-fraction"),
+    # --- cross-field limits ----------------------------------------------------------------------------------
+    case(put("warmup_max_tokens", 5000), "bench_warmup_max_tokens", "exceed the model's max_model_len 4096; "
+         "allowed: at most 4096", id="warmup-longer-than-model"),
+    case(add_config({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5,
+                     "prompt_lookup_max": 2}), "bench_phases[0].configs[3].prompt_lookup_min",
+         "5 is above prompt_lookup_max 2; allowed: prompt_lookup_min <= prompt_lookup_max", id="lookup-min-above-max"),
+    # --- names and ids ---------------------------------------------------------------------------------------
+    case(put("phases.0.name", "tp1\n"), "bench_phases[0].name", "'tp1\\n' is not a valid name; allowed: letters",
+         id="phase-name-trailing-newline"),
+    case(put("phases.0.configs.1.id", "b16\x07"), "bench_phases[0].configs[1].id", "is not a valid name",
+         id="config-id-control-character"),
+    case(put("phases.0.name", "p" * 65), "bench_phases[0].name", "at most 64 characters", id="phase-name-too-long"),
+    case(put("phases.0.configs.2.id", "d" * 62), "bench_phases[0].configs[2]", "is too long for a folder name; "
+         "allowed: at most 64 characters", id="config-id-too-long"),
+    # --- environment -----------------------------------------------------------------------------------------
+    case(put("env", {"1BAD": "x"}), "bench_env", "'1BAD' is not a valid environment variable name; allowed: "
+         "letters, digits and '_', not starting with a digit", id="env-name-digit"),
+    case(put("env", {"MY VAR": "x"}), "bench_env", "'MY VAR' is not a valid environment variable name",
+         id="env-name-space"),
+    case(put("phases.0.configs.1.env", {"A=B": "x"}), "bench_phases[0].configs[1].env",
+         "'A=B' is not a valid environment variable name", id="env-name-equals"),
+    case(put("env", {"HF_TOKEN": f"{SECRET}\x00tail"}), "bench_env.HF_TOKEN", "contains a NUL byte",
+         id="env-value-nul", hidden=SECRET),
+    case(put("server_args", ["--x", "a\x00b"]), "bench_server_args[1]", "contains a NUL byte", id="arg-nul"),
+    # --- secrets and the bind address -------------------------------------------------------------------------
+    case(also(put("bind_host", "0.0.0.0"), put("api_key", "<secret:0>")), "bench_api_key",
+         "holds text of the form <secret:N>", id="api-key-placeholder-shaped"),
+    case(put("env", {"FOO": "x<secret:0>"}), "bench_env.FOO", "holds text of the form <secret:N>",
+         id="env-placeholder-shaped"),
+    case(also(put("bind_host", "0.0.0.0"), put("api_key", " " * 16)), "bench_api_key",
+         "holds spaces or control characters (value not shown)", id="api-key-spaces"),
+    case(put("bind_host", "0.0.0.0; rm -rf /"), "bench_bind_host", "is not an address; allowed: an IPv4 or IPv6 "
+         "address or a host name", id="bind-host-unparseable"),
 ]
 
 

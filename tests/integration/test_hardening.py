@@ -1,0 +1,117 @@
+"""An engine that floods its log and leaves a process behind, and the play's exit status over the configs'
+statuses: real `ansible-playbook bench.yml -l local` runs with the real CPU engine behind a wrapper."""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from .conftest import ENGINE_PY, Bench, reduced_matrix
+
+FLOOD_MIB = 1536   # 1.5 GiB before the engine serves
+BOUND_MIB = 1      # bench_server_log_max_mib of the run
+
+
+def wrapper(tmp: Path) -> Path:
+    """An engine interpreter that, when it launches a server, first starts a helper that leaves the engine's
+    process group (`setsid`, as a daemonising helper does; it keeps the output pipe open) and writes
+    FLOOD_MIB MiB to its output; then it is the real engine."""
+    path = tmp / "engine-python"
+    path.write_text(f"""#!{ENGINE_PY}
+import os, subprocess, sys
+if "--port" in sys.argv:
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)  # escaped-helper"],
+                     start_new_session=True)
+    block = (b"x" * 1023 + b"\\n") * 1024
+    for _ in range({FLOOD_MIB}):
+        sys.stdout.buffer.write(block)
+    sys.stdout.buffer.write(b"FLOOD-END\\n")
+    sys.stdout.flush()
+os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
+""")
+    path.chmod(0o755)
+    return path
+
+
+def escaped_helpers() -> list[int]:
+    pids = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if b"escaped-helper" in (proc / "cmdline").read_bytes():
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def folder_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def test_log_flood_is_bounded_and_an_escaped_process_is_killed(bench: Bench) -> None:
+    run = "it-hardening"
+    matrix = reduced_matrix([{"method": "autoregressive"},
+                             {"method": "ngram", "num_speculative_tokens": 2, "server_args": ["--no-such-flag"]}],
+                            workloads=["fib"], max_tokens=[16], context_tokens=[0], concurrency=[1])
+    extra = {**matrix, "run_id": run, "bench_repetitions": 1, "bench_server_log_max_mib": BOUND_MIB,
+             "bench_engine_python": str(wrapper(bench.tmp))}
+    res = bench.run(extra, timeout=900)
+    # one config ok, one failed: the default bench_fail_on (none_ok) passes the run
+    assert res.returncode == 0, res.stdout[-4000:]
+    assert "local: 2 configs: 1 ok, 1 failed, 0 skipped (unsupported_flag 1)" in res.stdout
+
+    config = bench.host_run(run) / "tp1-autoregressive"
+    status = json.loads((config / "status.json").read_text())
+    assert status["status"] == "ok", status
+    log = (config / "server.log").read_bytes()
+    assert len(log) <= (BOUND_MIB << 20) + 512, len(log)
+    match = re.search(rb"\[specfleet\] (\d+) bytes of the server's output dropped here", log)
+    assert match, log[(BOUND_MIB << 19) - 200:(BOUND_MIB << 19) + 400]
+    dropped = int(match.group(1))
+    assert dropped >= (FLOOD_MIB - BOUND_MIB) << 20  # the flood, less what was kept
+    assert log.startswith(b"x" * 1023 + b"\n") and b"FLOOD-END" not in log[:BOUND_MIB << 19]
+    assert b"Application startup complete" in log[-(BOUND_MIB << 19):]  # the engine's own end is kept
+    host_bytes = folder_bytes(bench.host_run(run))
+    controller_bytes = folder_bytes(bench.results / run)
+    print(f"flood {FLOOD_MIB} MiB -> server.log {len(log)} B, dropped {dropped} B; host folder {host_bytes} B, "
+          f"controller folder {controller_bytes} B; wall {status['wall_s']} s")
+    assert host_bytes < 4 << 20 and controller_bytes < 4 << 20
+
+    # the helper that left the process group was found by its mark, killed and recorded
+    [survivor] = status["survivors"]
+    assert survivor["gone"] is True and "escaped-helper" in survivor["cmdline"], survivor
+    assert "1 process(es) outlived the server" in status["detail"]
+    assert escaped_helpers() == []
+    assert not [p for p in Path("/proc").glob("[0-9]*") if _marked_by(p, run)]
+
+    # the same run with bench_fail_on: any: the ok config is kept, the failed one fails again, and so does the play
+    strict = bench.run({**extra, "bench_fail_on": "any"}, timeout=600)
+    assert strict.returncode == 2, strict.stdout[-3000:]
+    assert "[1/2] tp1-autoregressive  already ok in this run, kept" in strict.stdout
+    assert "1 ok, 1 failed, 0 skipped (unsupported_flag 1)  <- fails the run (bench_fail_on: any)" in strict.stdout
+
+
+def _marked_by(proc: Path, run: str) -> bool:
+    try:
+        return f"SPECFLEET_CONFIG={run}/".encode() in (proc / "environ").read_bytes() and int(proc.name) != os.getpid()
+    except OSError:
+        return False
+
+
+def test_exit_status_follows_bench_fail_on(bench: Bench) -> None:
+    """No config ok (the engine cannot even be asked for its flags): the play fails by default, after writing
+    the results and the table; with bench_fail_on: never it does not."""
+    run = "it-exit"
+    matrix = reduced_matrix([{"method": "autoregressive"}, {"method": "ngram", "num_speculative_tokens": 2}])
+    extra = {**matrix, "run_id": run, "bench_engine_python": "/bin/false"}
+    res = bench.run(extra, timeout=300)
+    assert res.returncode == 2, res.stdout[-3000:]
+    assert ("local: 2 configs: 0 ok, 1 failed, 1 skipped (baseline_failed 1, engine_unavailable 1)  <- fails the "
+            "run (bench_fail_on: none_ok)") in res.stdout
+    assert (bench.results / run / "report.csv").is_file()
+    never = bench.run({**extra, "bench_fail_on": "never"}, timeout=300)
+    assert never.returncode == 0, never.stdout[-3000:]
+    assert "0 ok, 1 failed, 1 skipped" in never.stdout
+    bad = bench.run({**extra, "bench_fail_on": "sometimes"}, timeout=300)
+    assert bad.returncode != 0 and "value of bench_fail_on must be one of: none_ok, any, never" in bad.stdout
