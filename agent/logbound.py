@@ -16,15 +16,6 @@ from typing import IO
 CHUNK = 1 << 20
 
 
-def bounded(text: str, max_bytes: int) -> str:
-    """`text` cut to its first and last `max_bytes // 2` bytes, with the drop said in between."""
-    data = text.encode(errors="replace")
-    if len(data) <= max_bytes:
-        return text
-    head, tail = max_bytes // 2, max_bytes - max_bytes // 2
-    return (data[:head] + _marker(len(data) - head - tail, head, tail) + data[-tail:]).decode(errors="replace")
-
-
 def _marker(dropped: int, head: int, tail: int) -> bytes:
     return (f"\n[specfleet] {dropped} bytes of the server's output dropped here: server.log keeps the first "
             f"{head} and the last {tail} bytes (bench_server_log_max_mib)\n").encode()

@@ -11,12 +11,13 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from .classify import Reason
-from .logbound import bounded
+from .logbound import BoundedLog
 from .server import POLL_S, StartupFailed, http_status, listener_pids, port_in_use, wait_until
 from .store import write_atomic
 from .sweep import MARK, sweep
@@ -110,19 +111,40 @@ class SystemdServer:
             time.sleep(POLL_S)
 
     def log_text(self) -> str:
-        return self.journal()
+        """The end of the invocation's journal (what the classifier reads)."""
+        return self.journal(lines=500)
 
     def exit_detail(self) -> str:
         st = self._show()
         return f"{self.unit} is {st.get('ActiveState')} ({st.get('Result')}, exit status {st.get('ExecMainStatus')})"
 
-    def journal(self) -> str:
+    def _journal_argv(self, lines: int | None = None) -> list[str]:
+        return ["journalctl", "--no-pager", "-o", "short-iso", *(["-n", str(lines)] if lines else []),
+                f"_SYSTEMD_INVOCATION_ID={self.invocation}", "+", f"INVOCATION_ID={self.invocation}"]
+
+    def journal(self, lines: int | None = None) -> str:
         if not self.invocation:
             return ""
-        res = subprocess.run(["journalctl", "--no-pager", "-o", "short-iso",
-                              f"_SYSTEMD_INVOCATION_ID={self.invocation}", "+", f"INVOCATION_ID={self.invocation}"],
-                             capture_output=True, text=True, timeout=120)
-        return res.stdout
+        return subprocess.run(self._journal_argv(lines), capture_output=True, text=True, timeout=120).stdout
+
+    def save_journal(self) -> None:
+        """The invocation's journal into server.log, streamed through the same bound as the process backend
+        (the journal itself keeps everything), written beside and renamed into place."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.log_path.name}.", suffix=".tmp", dir=self.log_path.parent)
+        os.close(fd)
+        try:
+            log = BoundedLog(Path(tmp), self.log_max_bytes)
+            if self.invocation:
+                proc = subprocess.Popen(self._journal_argv(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                assert proc.stdout is not None
+                log.pump(proc.stdout)
+                proc.wait(timeout=600)
+            log.close(wait_s=600)
+            os.replace(tmp, self.log_path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
 
     def stop(self, deadline_s: float) -> None:
         """systemctl stop (SIGTERM, SIGKILL of the unit's cgroup after TimeoutStopSec), then verify the
@@ -140,8 +162,7 @@ class SystemdServer:
         finally:
             if self.env.get(MARK):  # KillMode=control-group ends the unit's cgroup; anything else marked goes too
                 self.survivors = sweep(self.env[MARK])
-            # the journal keeps the whole invocation; the results get the same bound as the process backend
-            write_atomic(self.log_path, bounded(self.journal(), self.log_max_bytes).encode())
+            self.save_journal()
             try:
                 self.env_path.unlink()
             except FileNotFoundError:

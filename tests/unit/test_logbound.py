@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agent.logbound import BoundedLog, bounded
+from agent.logbound import BoundedLog
 
 
 def dropped(text: str) -> int:
@@ -55,9 +55,3 @@ def test_pump_copies_a_real_process_output_until_its_end(tmp_path: Path) -> None
     log.close()
     text = (tmp_path / "server.log").read_text()
     assert text.endswith("xEND") and dropped(text) == 300003 - 10000
-
-
-def test_bounded_text_for_the_journal() -> None:
-    assert bounded("short", 100) == "short"
-    out = bounded("h" * 50 + "m" * 1000 + "t" * 50, 100)
-    assert out.startswith("h" * 50) and out.endswith("t" * 50) and dropped(out) == 1000
