@@ -35,9 +35,14 @@ class BoundedLog:
         self.dropped = 0
         self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
+        self.closed = False
+        self.after_close = 0   # bytes read after close (a writer outlived the server): drained, not kept
 
     def feed(self, data: bytes) -> None:
         with self.lock:
+            if self.closed:
+                self.after_close += len(data)
+                return
             if not self.tail and self.written + len(data) <= self.max_bytes:
                 self.file.write(data)
                 self.file.flush()
@@ -81,22 +86,31 @@ class BoundedLog:
         """Copy `stream` until its end in a thread of its own."""
         def run() -> None:
             fd = stream.fileno()
-            while True:
-                try:
-                    data = os.read(fd, CHUNK)
-                except OSError:
-                    break
-                if not data:
-                    break
-                self.feed(data)
-            stream.close()
+            try:
+                while True:
+                    try:
+                        data = os.read(fd, CHUNK)
+                    except OSError:
+                        break
+                    if not data:
+                        break
+                    self.feed(data)  # after close() too: a late writer is drained, never blocked
+            finally:
+                stream.close()
 
         self.thread = threading.Thread(target=run, name="server-log", daemon=True)
         self.thread.start()
 
+    def drain(self, wait_s: float) -> None:
+        """Wait up to `wait_s` for the stream's end (what the server wrote before it died is then all here)."""
+        if self.thread is not None:
+            self.thread.join(wait_s)
+
     def text(self) -> str:
         """The log as it will be: head, the drop marker, the tail so far."""
         with self.lock:
+            if self.closed:
+                return self.path.read_text(errors="replace")
             self.file.flush()
             head = self.path.read_bytes()[:self.written]
             if not self.tail:
@@ -108,9 +122,11 @@ class BoundedLog:
 
     def close(self, wait_s: float = 10.0) -> None:
         """Wait for the stream's end (every writer gone), then write the tail after the head."""
-        if self.thread is not None:
-            self.thread.join(wait_s)
+        self.drain(wait_s)
         with self.lock:
+            if self.closed:
+                return
+            self.closed = True
             if self.tail:
                 self.file.write(self._marker() + b"".join(self.tail))
                 self.tail.clear()

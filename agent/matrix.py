@@ -35,11 +35,12 @@ NAME_RE = re.compile(_NAME)
 _pos_int = {"type": "integer", "minimum": 1}
 _int_list = {"type": "array", "minItems": 1, "items": _pos_int, "uniqueItems": True}
 _str_list = {"type": "array", "items": {"type": "string", "pattern": _NO_NUL}}
-_env = {"type": "object", "propertyNames": {"pattern": _ENV_NAME},
+_env = {"type": "object", "propertyNames": {"type": "string", "pattern": _ENV_NAME},
         "additionalProperties": {"type": ["string", "number", "boolean"], "pattern": _NO_NUL}}
 _model = {
     "type": "object", "required": ["name", "path"], "additionalProperties": False,
-    "properties": {"name": {"type": "string", "minLength": 1}, "path": {"type": "string", "minLength": 1},
+    "properties": {"name": {"type": "string", "minLength": 1, "pattern": _NO_NUL},
+                   "path": {"type": "string", "minLength": 1, "pattern": _NO_NUL},
                    "revision": {"type": ["string", "null"]}, "max_model_len": _pos_int},
 }
 # The conditions apply to mappings that name a method; anything else is reported by type/required.
@@ -85,7 +86,7 @@ SCHEMA = {
         "suite_name": {"type": "string"},
         "engine": {"enum": sorted(ENGINES)},
         "backend": {"enum": ["process", "systemd"]},
-        "engine_python": {"type": "string", "minLength": 1},
+        "engine_python": {"type": "string", "minLength": 1, "pattern": _NO_NUL},
         "engine_patches": {"type": "array"},
         "model": _model,
         "draft_model": {**_model, "type": ["object", "null"]},
@@ -102,9 +103,9 @@ SCHEMA = {
         "warmup_max_tokens": _pos_int,
         "workloads": {"type": "object", "additionalProperties": {"type": "string", "minLength": 1}},
         "timeouts": {"type": "object", "additionalProperties": False, "properties": {
-            k: {"type": "number", "exclusiveMinimum": 0}
+            k: {"type": "number", "exclusiveMinimum": 0, "maximum": 604800}   # a week
             for k in ("health_s", "request_s", "stop_s", "release_s")}},
-        "server_log_max_mib": {"type": "integer", "minimum": 1, "maximum": 65536},
+        "server_log_max_mib": {"type": "integer", "minimum": 1, "maximum": 1024},  # half of it is held in memory
         "estimate": {"type": "object", "additionalProperties": False, "properties": {
             k: {"type": "number", "exclusiveMinimum": 0} for k in ("startup_s", "tok_s", "prefill_tok_s")}},
         "phases": {
@@ -200,7 +201,7 @@ def _or(words: list[str]) -> str:
 def _range(schema: dict[str, Any]) -> str:
     lo, hi = schema.get("minimum"), schema.get("maximum")
     if "exclusiveMinimum" in schema:
-        return f" > {schema['exclusiveMinimum']}"
+        return f" > {schema['exclusiveMinimum']}" + (f" and <= {hi}" if hi is not None else "")
     if lo is not None and hi is not None:
         return f" from {lo} to {hi}"
     if lo is not None:
@@ -286,7 +287,7 @@ def _format(err: Any) -> list[str]:
                f"allowed: {allowed(schema)}")
         if isinstance(inst, float) and not math.isfinite(inst):
             msg += " (a finite number)"
-        elif isinstance(inst, float) and "integer" in types and not secret:
+        elif isinstance(inst, float) and inst.is_integer() and "integer" in types and not secret:
             msg += f" (a whole number written as {inst!r}: write {int(inst)})"
         if _quoted_number(inst, types) and not secret:
             msg += " (a quoted string: write it unquoted in YAML"
@@ -316,7 +317,8 @@ def _format(err: Any) -> list[str]:
         return [f"{where}.budget: only method ddtree takes a budget (this config's method is "
                 f"{inst.get('method')!r}); remove it or use method ddtree"]
     if kind in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
-        return [f"{where}: {err.message}; allowed: {allowed(schema)}"]
+        text = err.message if len(err.message) <= 100 else f"{_shown(inst, secret)} is out of range"
+        return [f"{where}: {text}; allowed: {allowed(schema)}"]
     if kind == "minItems":
         n = err.validator_value
         return [f"{where}: {_shown(inst, secret)} should be non-empty (at least {n} item{'s' if n > 1 else ''})"]
@@ -344,7 +346,8 @@ def _is_integer(_checker: Any, value: Any) -> bool:
 
 def _is_number(_checker: Any, value: Any) -> bool:
     """Finite numbers only: `.nan` and `.inf` are no timeout, temperature or rate."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and (isinstance(value, int)
+                                                                                or math.isfinite(value))
 
 
 def _schema_errors(suite: Any) -> list[str]:

@@ -125,6 +125,8 @@ class ProcessServer:
 
     def log_text(self) -> str:
         if self.log is not None:
+            if not self.alive():
+                self.log.drain(2.0)  # the last output of a dead server may still be in the pipe
             return self.log.text()
         try:
             return self.log_path.read_text(errors="replace")

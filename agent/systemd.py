@@ -133,16 +133,21 @@ class SystemdServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{self.log_path.name}.", suffix=".tmp", dir=self.log_path.parent)
         os.close(fd)
+        log = BoundedLog(Path(tmp), self.log_max_bytes)
         try:
-            log = BoundedLog(Path(tmp), self.log_max_bytes)
             if self.invocation:
                 proc = subprocess.Popen(self._journal_argv(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
                 assert proc.stdout is not None
                 log.pump(proc.stdout)
-                proc.wait(timeout=600)
+                try:
+                    proc.wait(timeout=600)
+                except subprocess.TimeoutExpired as exc:
+                    proc.kill()
+                    raise RuntimeError(f"journalctl did not finish the journal of {self.unit} within 600 s") from exc
             log.close(wait_s=600)
             os.replace(tmp, self.log_path)
         finally:
+            log.close(wait_s=0)
             if os.path.exists(tmp):
                 os.unlink(tmp)
 

@@ -342,6 +342,16 @@ def lxc_line_items(lines: Sequence[str]) -> list[dict[str, str]]:
     return [{"line": line, "regexp": lxc_line_regexp(line)} for line in lines]
 
 
+_SECTION = re.compile(r"^[ \t]*\[", re.MULTILINE)
+
+
+def _main_section(config: Text) -> tuple[str, str]:
+    """(the main section, the rest from the first `[section]` line on: snapshots, pending changes)."""
+    text = _text(config)
+    section = _SECTION.search(text)
+    return (text[:section.start()], text[section.start():]) if section else (text, "")
+
+
 def lxc_stale_lines(config: Text, wanted: Sequence[str], written: Sequence[str] = ()) -> list[str]:
     """Lines of a container config that this role wrote once (`written`, its record on the host) and no longer
     wants, exactly as they are in the file (main section only, before any `[section]`): the nvidia-uvm allow
@@ -350,12 +360,16 @@ def lxc_stale_lines(config: Text, wanted: Sequence[str], written: Sequence[str] 
     written_res = [re.compile(lxc_line_regexp(w)) for w in written]
     wanted_res = [re.compile(lxc_line_regexp(w)) for w in wanted]
     stale = []
-    for raw in _text(config).splitlines():
-        if raw.strip().startswith("["):
-            break
+    for raw in _main_section(config)[0].splitlines():
         if any(r.match(raw) for r in written_res) and not any(r.match(raw) for r in wanted_res):
             stale.append(raw)
     return stale
+
+
+def lxc_written_before(written: Sequence[str], missing: Sequence[str]) -> list[str]:
+    """The role's record while it changes the config: every line it wrote and every line it is about to add,
+    in order (so that a run stopped half way leaves no line of the role's unrecorded)."""
+    return [*written, *(m for m in missing if m not in written)]
 
 
 def lxc_written_after(written: Sequence[str], wanted: Sequence[str], missing: Sequence[str]) -> list[str]:
@@ -366,9 +380,7 @@ def lxc_written_after(written: Sequence[str], wanted: Sequence[str], missing: Se
 def lxc_config_update(config: Text, stale: Sequence[str], missing: Sequence[str]) -> str:
     """The config with the `stale` lines taken out of its main section and the `missing` ones added after the
     main section's last line; every other byte, later `[sections]` (snapshots, pending) included, as it was."""
-    text = _text(config)
-    section = re.search(r"^\s*\[", text, re.MULTILINE)
-    main, rest = (text[:section.start()], text[section.start():]) if section else (text, "")
+    main, rest = _main_section(config)
     lines = main.splitlines(keepends=True)
     for line in stale:
         at = next((i for i, raw in enumerate(lines) if raw.rstrip("\r\n") == line), None)
@@ -397,8 +409,16 @@ def lxc_config_changes(config: Text, names: Sequence[str], devices: Union[Text, 
 
 def lxc_missing_lines(config: Text, wanted: Sequence[str]) -> list[str]:
     """The wanted lines the config's main section does not hold yet (in any spacing or separator)."""
-    present = _text(config).split("\n[", 1)[0].splitlines()
+    present = _main_section(config)[0].splitlines()
     return [w for w in wanted if not any(re.match(lxc_line_regexp(w), p) for p in present)]
+
+
+def lxc_adopted_lines(config: Text, wanted: Sequence[str]) -> list[str]:
+    """Where no record exists yet (a config set up before the role kept one): the wanted lines present exactly
+    as the role writes them, taken as the role's, so that the uvm allow line is replaced once its major moves.
+    Anything else stays the user's."""
+    present = set(_main_section(config)[0].splitlines())
+    return [w for w in wanted if w in present]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -479,5 +499,6 @@ class FilterModule:
             proc_devices, nvidia_majors, nvidia_dev_listing, nvidia_node_names, nvidia_expected_nodes,
             nvidia_node_problems, nvidia_host_problems, pve_dev_value, pve_parse_dev, pve_dev_args, pve_config,
             pve_dev_entries, pve_dev_changes, lxc_allow_majors, lxc_raw_lines, lxc_line_regexp, lxc_line_items,
-            lxc_stale_lines, lxc_written_after, lxc_missing_lines, lxc_config_update, lxc_config_changes,
-            nvidia_driver_version, nvidia_gpu_count, pve_version, pve_uses_devn)}
+            lxc_stale_lines, lxc_written_before, lxc_written_after, lxc_missing_lines, lxc_adopted_lines,
+            lxc_config_update, lxc_config_changes, nvidia_driver_version, nvidia_gpu_count, pve_version,
+            pve_uses_devn)}

@@ -43,7 +43,8 @@ def testhosts() -> Iterator[TestHosts]:
         yield th
     finally:
         down = subprocess.run(["make", "testhosts-down"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-        assert down.returncode == 0, down.stdout[-2000:] + down.stderr[-2000:]
+        if down.returncode != 0:  # reported, without hiding a failure of the setup above
+            print("make testhosts-down failed:", down.stdout[-2000:], down.stderr[-2000:])
 
 
 def assert_clean(th: TestHosts) -> None:

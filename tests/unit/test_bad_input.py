@@ -278,14 +278,21 @@ CORPUS = [
     # --- hardening round 2: numbers that are not what they look like ----------------------------------------
     case(put("sampling.temperature", float("nan")), "bench_sampling.temperature",
          "allowed: a number >= 0 (a finite number)", id="temperature-nan"),
-    case(put("timeouts.request_s", float("inf")), "bench_timeouts.request_s", "allowed: a number > 0 (a finite "
-         "number)", id="timeout-inf"),
+    case(put("timeouts.request_s", float("inf")), "bench_timeouts.request_s", "allowed: a number > 0 and <= 604800 (a "
+         "finite number)", id="timeout-inf"),
     case(put("estimate.tok_s", float("-inf")), "bench_estimate.tok_s", "(a finite number)", id="estimate-minus-inf"),
     case(put("phases.0.tp", 1.0), "bench_phases[0].tp", "allowed: an integer >= 1 (a whole number written as "
          "1.0: write 1)", id="tp-whole-float"),
     case(put("phases.0.configs.2.num_speculative_tokens", 3.0), "bench_phases[0].configs[2].num_speculative_tokens",
          "(a whole number written as 3.0: write 3)", id="k-whole-float"),
-    case(put("repetitions", 2.5), "bench_repetitions", "is not of type 'integer'", id="repetitions-fraction"),
+    case(put("repetitions", 2.5), "bench_repetitions", "2.5 is not of type 'integer'; allowed: an integer >= 1",
+         id="repetitions-fraction"),
+    case(put("timeouts.health_s", 10 ** 400), "bench_timeouts.health_s", "is out of range; allowed: a number > 0 "
+         "and <= 604800", id="timeout-huge-integer"),
+    case(put("env", {1: "x"}), "bench_env", "is not of type 'string'; allowed: a string", id="env-name-integer"),
+    case(put("engine_python", "/py\x00thon"), "bench_engine_python", "contains a NUL byte", id="engine-python-nul"),
+    case(put("server_log_max_mib", 4096), "bench_server_log_max_mib", "allowed: an integer from 1 to 1024",
+         id="log-bound-too-large"),
     # --- cross-field limits ----------------------------------------------------------------------------------
     case(put("warmup_max_tokens", 5000), "bench_warmup_max_tokens", "exceed the model's max_model_len 4096; "
          "allowed: at most 4096", id="warmup-longer-than-model"),

@@ -55,3 +55,14 @@ def test_pump_copies_a_real_process_output_until_its_end(tmp_path: Path) -> None
     log.close()
     text = (tmp_path / "server.log").read_text()
     assert text.endswith("xEND") and dropped(text) == 300003 - 10000
+
+
+def test_output_after_close_is_drained_not_kept_and_never_raises(tmp_path: Path) -> None:
+    """A writer that outlives the server (one the sweep could not find) must neither block nor break the log."""
+    log = BoundedLog(tmp_path / "server.log", 1000)
+    log.feed(b"kept\n")
+    log.close(wait_s=0)
+    log.feed(b"late output\n")
+    log.close(wait_s=0)
+    assert (tmp_path / "server.log").read_bytes() == b"kept\n" and log.after_close == len(b"late output\n")
+    assert log.text() == "kept\n"

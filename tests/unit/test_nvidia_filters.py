@@ -309,3 +309,18 @@ def test_config_update_touches_the_main_section_only() -> None:
                    + snapshot)
     assert nvidia.lxc_config_update("arch: amd64", [], ["a: b"]) == "arch: amd64\na: b\n"
     assert nvidia.lxc_config_update(config, [], []) == config
+
+
+def test_a_config_from_before_the_record_adopts_exactly_the_lines_the_role_writes() -> None:
+    """No record yet (the role's earlier version wrote the lines): the wanted lines present exactly as the role
+    writes them are taken as its own, so the uvm line goes once its major moves; a line the user wrote
+    differently (other spacing) or for another device stays theirs."""
+    config = "\n".join(["arch: amd64", RAW_V2[0], "lxc.cgroup2.devices.allow:  c 238:* rwm", *RAW_V2[2:],
+                        "lxc.cgroup2.devices.allow: c 226:* rwm", "[snap]", RAW_V2[1]]) + "\n"
+    adopted = nvidia.lxc_adopted_lines(config, RAW_V2)
+    assert adopted == [RAW_V2[0], *RAW_V2[2:]]
+    moved = nvidia.lxc_raw_lines(H200_NODES, [195, 509])
+    assert nvidia.lxc_stale_lines(config, moved, adopted) == []   # the user's 238 line (two spaces) stays
+    assert nvidia.lxc_stale_lines(config.replace("allow:  c 238", "allow: c 238"), moved,
+                                  nvidia.lxc_adopted_lines(config.replace("allow:  c 238", "allow: c 238"), RAW_V2)
+                                  ) == [RAW_V2[1]]
