@@ -66,8 +66,10 @@ def typed(command: str, *, timeout: float, run_id: str | None = None, fmt: str |
         assert fmt in ("md", "csv", "json"), fmt
         line = line.replace("md|csv|json", fmt)
     script = " && ".join([*_sourced_before(command), line])
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "VIRTUAL_ENV"))}
-    # as in a new shell: the project's virtualenv is on PATH only once the README's activation line ran
+    # as in a new shell: no Ansible settings, no virtualenv, not inside `make test`'s make
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("ANSIBLE_", "VIRTUAL_ENV")) and k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    # the project's virtualenv is on PATH only once the README's activation line ran
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if Path(p) != ROOT / ".venv/bin")
     return subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout, stdin=subprocess.DEVNULL)
