@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import IO
 
 CHUNK = 1 << 20
+DEFAULT_MAX_BYTES = 64 << 20   # bench_server_log_max_mib: 64
 
 
 def _marker(dropped: int, head: int, tail: int) -> bytes:

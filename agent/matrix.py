@@ -14,6 +14,7 @@ from typing import Any, Iterable
 
 from . import workloads
 from .engines import ENGINES
+from .logbound import DEFAULT_MAX_BYTES
 from .secrets import PLACEHOLDER
 from .store import SECRET_KEY
 
@@ -25,9 +26,9 @@ PREFIX = "bench_"
 # `\Z`, not `$`: `$` also matches before a trailing newline
 NAME_MAX = 64
 _NAME = f"^[A-Za-z0-9][A-Za-z0-9_.-]{{0,{NAME_MAX - 1}}}\\Z"
-_NAME_TEXT = f"letters, digits, '.', '_' and '-', starting with a letter or digit, at most {NAME_MAX} characters"
+NAME_TEXT = f"letters, digits, '.', '_' and '-', starting with a letter or digit, at most {NAME_MAX} characters"
 _ENV_NAME = "^[A-Za-z_][A-Za-z0-9_]*\\Z"
-_ENV_NAME_TEXT = "letters, digits and '_', not starting with a digit"
+_ENVNAME_TEXT = "letters, digits and '_', not starting with a digit"
 _NO_NUL = "^[^\\x00]*\\Z"
 _HOSTNAME = re.compile(r"^(?=.{1,253}\Z)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}"
                        r"[A-Za-z0-9])?)*\Z")
@@ -147,7 +148,7 @@ DEFAULTS: dict[str, Any] = {
     "warmup_max_tokens": 32,
     "workloads": {},
     "timeouts": {"health_s": 900, "request_s": 900, "stop_s": 60, "release_s": 120},
-    "server_log_max_mib": 64,
+    "server_log_max_mib": DEFAULT_MAX_BYTES >> 20,
     "estimate": {"startup_s": 120, "tok_s": 25, "prefill_tok_s": 5000},
 }
 PARTIAL = ("sampling", "timeouts", "estimate")   # mappings completed key by key
@@ -220,7 +221,7 @@ def allowed(schema: dict[str, Any]) -> str:
         if t in ("integer", "number"):
             words.append(_TYPE_WORDS[t] + _range(schema))
         elif t == "string" and schema.get("pattern") == _NAME:
-            words.append(f"a name of {_NAME_TEXT}")
+            words.append(f"a name of {NAME_TEXT}")
         elif t == "string" and schema.get("minLength"):
             words.append("a non-empty string")
         elif t == "array":
@@ -253,7 +254,7 @@ def _is_secret(parts: list[Any]) -> bool:
     return False
 
 
-def _shown(value: Any, secret: bool) -> str:
+def shown(value: Any, secret: bool) -> str:
     """A value as a message may show it: scalars by repr (shortened), lists and mappings by type."""
     if secret:
         return f"{_type_of(value)} (value not shown: may be a secret)"
@@ -283,7 +284,7 @@ def _format(err: Any) -> list[str]:
     inst, schema, kind = err.instance, err.schema, err.validator
     if kind == "type":
         types = [err.validator_value] if isinstance(err.validator_value, str) else list(err.validator_value)
-        msg = (f"{where}: {_shown(inst, secret)} is not of type {_or([repr(t) for t in types])}; "
+        msg = (f"{where}: {shown(inst, secret)} is not of type {_or([repr(t) for t in types])}; "
                f"allowed: {allowed(schema)}")
         if isinstance(inst, float) and not math.isfinite(inst):
             msg += " (a finite number)"
@@ -296,7 +297,7 @@ def _format(err: Any) -> list[str]:
             msg += ")"
         return [msg]
     if kind == "enum":
-        return [f"{where}: {_shown(inst, secret)} is not one of {', '.join(map(str, err.validator_value))}"]
+        return [f"{where}: {shown(inst, secret)} is not one of {', '.join(map(str, err.validator_value))}"]
     if kind == "required":
         missing = [k for k in err.validator_value if isinstance(inst, dict) and k not in inst]
         cond = ""
@@ -317,24 +318,24 @@ def _format(err: Any) -> list[str]:
         return [f"{where}.budget: only method ddtree takes a budget (this config's method is "
                 f"{inst.get('method')!r}); remove it or use method ddtree"]
     if kind in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
-        text = err.message if len(err.message) <= 100 else f"{_shown(inst, secret)} is out of range"
+        text = err.message if len(err.message) <= 100 else f"{shown(inst, secret)} is out of range"
         return [f"{where}: {text}; allowed: {allowed(schema)}"]
     if kind == "minItems":
         n = err.validator_value
-        return [f"{where}: {_shown(inst, secret)} should be non-empty (at least {n} item{'s' if n > 1 else ''})"]
+        return [f"{where}: {shown(inst, secret)} should be non-empty (at least {n} item{'s' if n > 1 else ''})"]
     if kind == "minLength":
-        return [f"{where}: {_shown(inst, secret)} should be non-empty (at least {err.validator_value} character)"]
+        return [f"{where}: {shown(inst, secret)} should be non-empty (at least {err.validator_value} character)"]
     if kind == "pattern" and err.validator_value == _ENV_NAME:
-        return [f"{where}: {_shown(inst, False)} is not a valid environment variable name; allowed: {_ENV_NAME_TEXT}"]
+        return [f"{where}: {shown(inst, False)} is not a valid environment variable name; allowed: {_ENVNAME_TEXT}"]
     if kind == "pattern" and err.validator_value == _NO_NUL:
         return [f"{where}: contains a NUL byte, which no argument or environment value can hold; allowed: text "
                 f"without NUL bytes"]
     if kind == "pattern":
-        text = _NAME_TEXT if err.validator_value == _NAME else f"a string matching {err.validator_value}"
-        return [f"{where}: {_shown(inst, secret)} is not a valid name; allowed: {text}"]
+        text = NAME_TEXT if err.validator_value == _NAME else f"a string matching {err.validator_value}"
+        return [f"{where}: {shown(inst, secret)} is not a valid name; allowed: {text}"]
     if kind == "uniqueItems" and isinstance(inst, list):
         dup = next((v for i, v in enumerate(inst) if v in inst[:i]), None)
-        return [f"{where}: {_shown(dup, secret)} appears more than once; allowed: {allowed(schema)}"]
+        return [f"{where}: {shown(dup, secret)} appears more than once; allowed: {allowed(schema)}"]
     text = err.message if len(err.message) <= 200 and not secret else f"invalid ({kind})"
     return [f"{where}: {text}; allowed: {allowed(schema)}"]
 
@@ -418,7 +419,7 @@ def _secret_errors(suite: dict[str, Any], secrets_hidden: bool) -> list[str]:
         ipaddress.ip_address(bind)
     except ValueError:
         if not _HOSTNAME.match(bind):
-            errors.append(f"{PREFIX}bind_host: {_shown(bind, False)} is not an address; allowed: an IPv4 or IPv6 "
+            errors.append(f"{PREFIX}bind_host: {shown(bind, False)} is not an address; allowed: an IPv4 or IPv6 "
                           f"address or a host name (127.0.0.1 keeps the servers on this host)")
             return errors
     key = suite["api_key"] or ""

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from .classify import Reason
-from .logbound import BoundedLog
-from .sweep import MARK, sweep
+from .logbound import DEFAULT_MAX_BYTES, BoundedLog
+from .sweep import MARK, stat_fields, sweep
 
 POLL_S = 0.25
 
@@ -94,7 +94,7 @@ class ProcessServer:
 
     def __init__(self, argv: list[str], env: dict[str, str], log_path: Path, port: int,
                  host: str = "127.0.0.1", headers: dict[str, str] | None = None,
-                 log_max_bytes: int = 64 << 20) -> None:
+                 log_max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.argv, self.env, self.log_path, self.port, self.host = argv, env, log_path, port, host
         self.headers = headers or {}
         self.log_max_bytes = log_max_bytes
@@ -231,12 +231,8 @@ def _group_alive(pgid: int) -> bool:
     """Whether any live (non-zombie) process is left in the group; reaps our own zombies."""
     _reap(pgid)
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            data = stat.read_text()
-        except OSError:
-            continue
-        fields = data[data.rfind(")") + 2:].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+        fields = stat_fields(stat)
+        if fields and len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
             return True
     return False
 

@@ -245,7 +245,7 @@ class Suite:
 
     def _server(self, cfg: dict[str, Any], argv: list[str], env: dict[str, str], log: Path, port: int) -> Backend:
         mark = {MARK: f"{self.store.dir.parent.name}/{cfg['config_id']}/{uuid.uuid4().hex[:12]}"}
-        log_max = int(self.suite.get("server_log_max_mib", 64)) << 20
+        log_max = int(self.suite["server_log_max_mib"]) << 20  # the plan carries every default
         if self.suite.get("backend") == "systemd":
             return SystemdServer(self.engine.name, cfg["config_id"], argv, {**cfg["env"], **mark}, log, port,
                                  host=self.connect, headers=self.headers, log_max_bytes=log_max)

@@ -35,12 +35,18 @@ def marked(mark: str) -> list[int]:
     return sorted(pids)
 
 
-def _zombie(pid: int) -> bool:
+def stat_fields(stat: Path) -> list[str] | None:
+    """The fields of a /proc/<pid>/stat after the command name (state, ppid, pgrp, ...); None when gone."""
     try:
-        data = Path(f"/proc/{pid}/stat").read_text()
+        data = stat.read_text()
     except OSError:
-        return True
-    return data[data.rfind(")") + 2:].split()[0] in ("Z", "X")
+        return None
+    return data[data.rfind(")") + 2:].split()
+
+
+def _zombie(pid: int) -> bool:
+    fields = stat_fields(Path(f"/proc/{pid}/stat"))
+    return not fields or fields[0] in ("Z", "X")
 
 
 def _cmdline(pid: int) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .classify import Reason
-from .logbound import BoundedLog
+from .logbound import DEFAULT_MAX_BYTES, BoundedLog
 from .server import POLL_S, StartupFailed, http_status, listener_pids, port_in_use, wait_until
 from .store import write_atomic
 from .sweep import MARK, sweep
@@ -53,7 +53,7 @@ class SystemdServer:
 
     def __init__(self, engine: str, instance: str, argv: list[str], env: dict[str, str], log_path: Path,
                  port: int, host: str = "127.0.0.1", env_dir: Path = UNIT_DIR_ENV,
-                 headers: dict[str, str] | None = None, log_max_bytes: int = 64 << 20) -> None:
+                 headers: dict[str, str] | None = None, log_max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.unit = f"specfleet-{engine}@{instance_name(instance)}.service"
         self.env_path = env_dir / f"{instance_name(instance)}.env"
         self.argv, self.env, self.log_path, self.port, self.host = argv, env, log_path, port, host

@@ -48,12 +48,10 @@ def unknown_variables(task_vars: dict[str, Any]) -> list[str]:
 
 TRUE = ("true", "yes", "1")
 FALSE = ("false", "no", "0")
-NAME_TEXT = f"letters, digits, '.', '_' and '-', starting with a letter or digit, at most {matrix.NAME_MAX} characters"
 
 
 def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return matrix.shown(value, secret=False)
 
 
 def switch(name: str, value: Any, problems: list[str]) -> bool:
@@ -87,17 +85,16 @@ def run_checks(args: dict[str, Any], host: str, problems: list[str]) -> dict[str
     """What the invocation is (plan only, force, run id, phases) and where it goes, checked before any host is
     touched; returns the normalised values."""
     if not matrix.NAME_RE.match(str(host)):
-        problems.append(f"inventory host {_shown(host)}: not usable as a results folder name; allowed: {NAME_TEXT}")
+        problems.append(f"inventory host {_shown(host)}: not usable as a results folder name; "
+                        f"allowed: {matrix.NAME_TEXT}")
     run_id = args.get("run_id")
     if not isinstance(run_id, (str, int)) or isinstance(run_id, bool) or not matrix.NAME_RE.match(str(run_id)):
-        problems.append(f"run_id: {_shown(run_id)} is not a valid run id; allowed: {NAME_TEXT}")
+        problems.append(f"run_id: {_shown(run_id)} is not a valid run id; allowed: {matrix.NAME_TEXT}")
     host_dir = args.get("host_dir")
     if not isinstance(host_dir, str) or not host_dir.startswith("/") or not host_dir.isprintable():
         problems.append(f"{PREFIX}host_dir: {_shown(host_dir)} is not an absolute path; allowed: an absolute path "
                         f"on the host without control characters, e.g. /var/lib/specfleet")
-    for name, value in sorted((args.get("limits") or {}).items()):
-        if isinstance(value, str) and value.strip().isdigit():
-            value = int(value)
+    for name, value in sorted((args.get("limits") or {}).items()):  # whole numbers by the role's bench_number
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             problems.append(f"{name}: {_shown(value)} is not a positive whole number of seconds; allowed: an "
                             f"integer >= 1")
