@@ -25,12 +25,13 @@ integration: venv engine models wheelhouse
 lint: venv
 	$(BIN)/yamllint -s .
 	$(BIN)/ansible-lint --offline --profile production
-	$(BIN)/ruff check agent collector plugins tests tools benchmarks
+	$(BIN)/ruff check agent controller collector plugins roles tests tools benchmarks
 
 venv: $(VENV)/.installed
-$(VENV)/.installed: requirements.txt requirements-dev.txt
+$(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q $(PIP_ARGS) -r requirements-dev.txt
+	$(BIN)/pip install -q $(PIP_ARGS) --no-deps -e .
 	touch $@
 
 # vLLM's CPU build: the CUDA-only torchvision/torchaudio/torchcodec it pulls in break its import.

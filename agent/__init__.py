@@ -1,8 +1,6 @@
-"""The host-side benchmark agent: one server per config, timed requests, results on disk.
+"""The host agent: one server per config, timed requests, results on disk (`python -m agent`).
 
-Runs on the benchmarked host with the standard library alone, so an air-gapped GPU host needs
-nothing installed beyond a Python 3.9+ interpreter. The controller imports `matrix` and
-`engines` from here to validate and render the same configs the agent will run.
+This package is what is copied to every benchmarked host, so it uses the standard library alone and
+runs on Python 3.9+: an air-gapped GPU host needs nothing installed beyond an interpreter. The
+controller (`controller/`, `collector/`) imports its engine commands, records and parsers.
 """
-
-SCHEMA_VERSION = 1

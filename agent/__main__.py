@@ -1,4 +1,4 @@
-"""`python -m agent run|pack`: the host-side entry points the bench role calls."""
+"""`python -m agent run|pack|progress|schemas`: the host-side entry points the bench role calls."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +10,7 @@ import tarfile
 import uuid
 from pathlib import Path
 
-from . import secrets
+from . import progress, records, secrets
 from .server import become_subreaper
 from .store import now_iso, write_json
 from .suite import Suite
@@ -62,6 +62,20 @@ def pack(args: argparse.Namespace) -> int:
     return 0
 
 
+def show_progress(args: argparse.Namespace) -> int:
+    print(json.dumps(progress.read(Path(args.events), args.offset, Path(args.state))))
+    return 0
+
+
+def schemas(args: argparse.Namespace) -> int:
+    """Write the JSON Schemas of the record files (the published form of `records`)."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in records.RECORDS:
+        write_json(out / f"{name}.schema.json", records.json_schema(name))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m agent", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -77,6 +91,14 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--host", required=True)
     k.add_argument("--out", required=True)
     k.set_defaults(func=pack)
+    g = sub.add_parser("progress", help="new events and the agent's state, for the controller's follow")
+    g.add_argument("--events", required=True)
+    g.add_argument("--offset", type=int, default=0)
+    g.add_argument("--state", required=True)
+    g.set_defaults(func=show_progress)
+    s = sub.add_parser("schemas", help="write the JSON Schemas of the results' record files")
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=schemas)
     args = p.parse_args(argv)
     return int(args.func(args))
 

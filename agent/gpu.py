@@ -18,6 +18,8 @@ from typing import Any, Callable
 QUERY_FIELDS = "index,name,uuid,driver_version,memory.total,memory.used,memory.free,compute_cap"
 RELEASE_TOLERANCE_MIB = 1024
 # version-like fields stay strings ("575.51" is a driver, not a number)
+_HEADER_CELL = re.compile(r"[a-z][a-z0-9_.]*(\s*\[.*\])?")
+_VERSION_RE = re.compile(r"\d+(?:\.\d+)+")
 STRING_FIELDS = {"driver_version", "vbios_version", "name", "uuid", "pci.bus_id", "serial", "inforom.img"}
 
 
@@ -59,13 +61,65 @@ def parse_smi_xml(text: str) -> dict[str, Any]:
             "memory_used_mib": _value(fb.findtext("used", "0")) if fb is not None else None,
         })
     return {"driver_version": root.findtext("driver_version"), "cuda_version": root.findtext("cuda_version"),
-            "count": int(root.findtext("attached_gpus", "0")), "gpus": gpus}
+            "count": int(root.findtext("attached_gpus") or 0), "gpus": gpus}
+
+
+def _table(text: str) -> tuple[list[str], list[list[str]]]:
+    """nvidia-smi CSV as (header without units, rows); the header is [] for `--format=csv,noheader`."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    rows = [[c.strip() for c in r] for r in csv.reader(io.StringIO("\n".join(lines)), skipinitialspace=True)]
+    if rows and any(_HEADER_CELL.fullmatch(c) for c in rows[0]):
+        return [_clean(c) for c in rows[0]], rows[1:]
+    return [], rows
 
 
 def driver_from_proc(text: str) -> str | None:
-    """Driver version from /proc/driver/nvidia/version."""
+    """Driver version from /proc/driver/nvidia/version (None when it names none)."""
     m = re.search(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)", text)
-    return m.group(1) if m else None
+    if m:
+        return m.group(1)
+    if "NVRM version:" in text:
+        m = _VERSION_RE.search(text.split("NVRM version:", 1)[1].splitlines()[0])
+        return m.group(0) if m else None
+    return None
+
+
+def driver_version(text: str) -> str:
+    """The driver version from `/proc/driver/nvidia/version`, `nvidia-smi --query-gpu=...,driver_version
+    --format=csv[,noheader]` (one column or a header naming `driver_version`) or `nvidia-smi -q -x`;
+    ValueError when the text holds none or several."""
+    if "NVRM version:" in text:
+        found = driver_from_proc(text)
+        if found:
+            return found
+        raise ValueError("no version in the NVRM version line")
+    if text.lstrip().startswith("<?xml") or "<nvidia_smi_log" in text:
+        version = (parse_smi_xml(text).get("driver_version") or "").strip()
+        if not version:
+            raise ValueError("nvidia-smi XML has no driver_version")
+        return version
+    header, rows = _table(text)
+    if header:
+        if "driver_version" not in header:
+            raise ValueError(f"nvidia-smi CSV has no driver_version column: {header}")
+        versions = {row[header.index("driver_version")] for row in rows if len(row) == len(header)}
+    else:
+        versions = {row[0] for row in rows if len(row) == 1}
+    versions = {v for v in versions if _VERSION_RE.fullmatch(v)}
+    if len(versions) != 1:
+        raise ValueError(f"expected one driver version, found {sorted(versions) or 'none'}")
+    return versions.pop()
+
+
+def gpu_count(text: str) -> int:
+    """GPUs in `nvidia-smi --query-gpu=... --format=csv[,noheader]`, `nvidia-smi -L` or `nvidia-smi -q -x`."""
+    if text.lstrip().startswith("<?xml") or "<nvidia_smi_log" in text:
+        info = parse_smi_xml(text)
+        return info["count"] or len(info["gpus"])
+    listed = re.findall(r"^GPU \d+:", text, re.M)
+    if listed:
+        return len(listed)
+    return len(_table(text)[1])
 
 
 def used_by_index(rows: list[dict[str, Any]]) -> dict[int, int]:

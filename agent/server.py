@@ -1,7 +1,8 @@
 """Server lifecycle: start one engine server, wait until it is ready, stop it and verify release.
 
-`ProcessServer` runs the engine as a child in its own process group with its whole output in
-`server.log`. Another backend (a systemd unit, say) implements the same four methods.
+`Server` is the lifecycle every backend shares (a context manager: start on entry, stop on exit; the
+readiness wait and the "this listener is ours" check). `ProcessServer` runs the engine as a child in its
+own process group with its whole output in `server.log`; `systemd.SystemdServer` runs it as a unit.
 Every wait polls a real condition against a deadline.
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable
 
 from .classify import Reason
 from .logbound import DEFAULT_MAX_BYTES, BoundedLog
@@ -31,20 +32,75 @@ class StartupFailed(Exception):
         self.detail = detail
 
 
-class Backend(Protocol):
-    """What the suite needs from a way of running a server (a child process group, a systemd unit)."""
+class Server:
+    """One engine server, as a context manager: entering starts it, leaving stops it (errors of the stop are
+    kept in `stop_error`, its duration in `stop_s`). `wait_ready` and the port checks are shared; a backend
+    supplies how to start, stop and observe its process and which pids are its own (`owns`)."""
 
     port: int
+    host: str
+    headers: dict[str, str]
     log_path: Path
     pid: int | None
+    stop_deadline_s: float = 60.0
     survivors: list[dict[str, object]]  # marked processes that outlived the stop, killed by it
+    stop_error: str | None = None
+    stop_s: float = 0.0
 
-    def start(self) -> None: ...
-    def wait_ready(self, health_path: str, deadline_s: float) -> float: ...
-    def alive(self) -> bool: ...
-    def stop(self, deadline_s: float) -> None: ...
-    def log_text(self) -> str: ...
-    def exit_detail(self) -> str: ...
+    # -- what a backend implements -------------------------------------------------------------
+    def start(self) -> None: raise NotImplementedError
+    def stop(self, deadline_s: float) -> None: raise NotImplementedError
+    def alive(self) -> bool: raise NotImplementedError
+    def owns(self, pid: int) -> bool: raise NotImplementedError
+    def startup_failure(self) -> str | None: raise NotImplementedError
+    def log_text(self) -> str: raise NotImplementedError
+    def exit_detail(self) -> str: raise NotImplementedError
+
+    # -- shared ----------------------------------------------------------------------------------
+    def __enter__(self) -> Server:
+        try:
+            self.start()
+        except BaseException:
+            self.__exit__(None, None, None)  # a half-started server is stopped and swept all the same
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        t0 = time.monotonic()
+        try:
+            self.stop(self.stop_deadline_s)
+        except RuntimeError as err:
+            self.stop_error = str(err)
+        self.stop_s = time.monotonic() - t0
+
+    def check_port_free(self) -> None:
+        if port_in_use(self.port, self.host):
+            raise StartupFailed(Reason.PORT_IN_USE, f"port {self.port} on {self.host} is already taken")
+
+    def wait_ready(self, health_path: str, deadline_s: float) -> float:
+        """Seconds from now to a 200 on the health endpoint from this server's own listener; fails at once
+        when the server dies, when another program answers on the port, or at the deadline."""
+        t0 = time.monotonic()
+        end = t0 + deadline_s
+        while True:
+            dead = self.startup_failure()
+            if dead:
+                raise StartupFailed(Reason.CRASHED, dead)
+            if http_status(self.port, health_path, self.host, 2.0, self.headers) == 200:
+                holders = listener_pids(self.port)
+                if holders and not any(self.owns(p) for p in holders):
+                    raise StartupFailed(Reason.PORT_IN_USE, f"port {self.port} answers, but from pid(s) "
+                                                            f"{sorted(holders)}, not this server")
+                return time.monotonic() - t0
+            if time.monotonic() >= end:
+                raise StartupFailed(Reason.HEALTH_TIMEOUT, f"{health_path} not 200 within {deadline_s:.0f} s")
+            time.sleep(POLL_S)
+
+    def wait_port_released(self, deadline_s: float = 30) -> None:
+        """The port free, or held by nobody of this server (another program may have taken it since)."""
+        if not wait_until(lambda: not port_in_use(self.port, self.host)
+                          or not any(self.owns(p) for p in listener_pids(self.port)), deadline_s):
+            raise RuntimeError(f"port {self.port} still in use after the server stopped")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -89,22 +145,22 @@ def http_status(port: int, path: str, host: str = "127.0.0.1", timeout: float = 
         conn.close()
 
 
-class ProcessServer:
+class ProcessServer(Server):
     """The engine as a child process group of the agent."""
 
     def __init__(self, argv: list[str], env: dict[str, str], log_path: Path, port: int,
                  host: str = "127.0.0.1", headers: dict[str, str] | None = None,
-                 log_max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+                 log_max_bytes: int = DEFAULT_MAX_BYTES, stop_deadline_s: float = 60.0) -> None:
         self.argv, self.env, self.log_path, self.port, self.host = argv, env, log_path, port, host
         self.headers = headers or {}
         self.log_max_bytes = log_max_bytes
+        self.stop_deadline_s = stop_deadline_s
         self.proc: subprocess.Popen[bytes] | None = None
         self.log: BoundedLog | None = None
         self.survivors: list[dict[str, object]] = []
 
     def start(self) -> None:
-        if port_in_use(self.port, self.host):
-            raise StartupFailed(Reason.PORT_IN_USE, f"port {self.port} on {self.host} is already taken")
+        self.check_port_free()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log = BoundedLog(self.log_path, self.log_max_bytes)
         try:
@@ -136,23 +192,13 @@ class ProcessServer:
     def exit_detail(self) -> str:
         return f"exited with code {self.proc.returncode if self.proc else None}"
 
-    def wait_ready(self, health_path: str, deadline_s: float) -> float:
-        """Seconds from launch to a 200 on the health endpoint; fails at once if the process exits."""
-        t0 = time.monotonic()
-        end = t0 + deadline_s
-        while True:
-            if not self.alive():
-                code = self.proc.returncode if self.proc else None
-                raise StartupFailed(Reason.CRASHED, f"server exited with code {code} during startup")
-            if http_status(self.port, health_path, self.host, 2.0, self.headers) == 200:
-                holders = listener_pids(self.port)
-                if holders and not any(_pgid(p) == self.proc.pid for p in holders):
-                    raise StartupFailed(Reason.PORT_IN_USE, f"port {self.port} answers, but from pid(s) "
-                                                       f"{sorted(holders)}, not this server")
-                return time.monotonic() - t0
-            if time.monotonic() >= end:
-                raise StartupFailed(Reason.HEALTH_TIMEOUT, f"{health_path} not 200 within {deadline_s:.0f} s")
-            time.sleep(POLL_S)
+    def owns(self, pid: int) -> bool:
+        return self.proc is not None and _pgid(pid) == self.proc.pid
+
+    def startup_failure(self) -> str | None:
+        if self.alive():
+            return None
+        return f"server exited with code {self.proc.returncode if self.proc else None} during startup"
 
     def stop(self, deadline_s: float) -> None:
         """SIGTERM the group, SIGKILL it after the deadline, then verify process and port are gone; kill what
@@ -182,9 +228,7 @@ class ProcessServer:
             self.proc.wait(timeout=30)
             if not wait_until(lambda: not _group_alive(pgid), 30):
                 raise RuntimeError(f"process group {pgid} survived SIGKILL")
-        if not wait_until(lambda: not port_in_use(self.port, self.host)
-                          or not any(_pgid(p) == pgid for p in listener_pids(self.port)), 30):
-            raise RuntimeError(f"port {self.port} still in use after the server stopped")
+        self.wait_port_released()
 
 
 def listener_pids(port: int) -> set[int]:

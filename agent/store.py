@@ -9,6 +9,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
+from .records import Event
+
 SECRET_KEY = re.compile(r"(TOKEN|SECRET|PASSWORD|API_?KEY|CREDENTIAL)", re.I)
 SECRET_FLAGS = ("--api-key", "--hf-token", "--token")
 REDACTED = "<redacted>"
@@ -102,6 +104,7 @@ class HostStore:
     """`<root>/<host>/`: host.json, one folder per config, the agent's events and state."""
 
     def __init__(self, root: Path, host: str, invocation: str = "") -> None:
+        self.host = host
         self.dir = root / host
         self.invocation = invocation
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -112,9 +115,9 @@ class HostStore:
     def status(self, config_id: str) -> dict[str, Any] | None:
         return read_json(self.config_dir(config_id) / "status.json")
 
-    def event(self, kind: str, **fields: Any) -> None:
+    def event(self, kind: Event, **fields: Any) -> None:
         """Append one progress event (a line is written whole or not at all)."""
-        line = json.dumps({"t": now_iso(), "event": kind, "invocation": self.invocation, **fields},
+        line = json.dumps({"t": now_iso(), "event": Event(kind).value, "invocation": self.invocation, **fields},
                           sort_keys=True) + "\n"
         fd = os.open(self.dir / "events.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:

@@ -12,13 +12,12 @@ import os
 import re
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from .classify import Reason
 from .logbound import DEFAULT_MAX_BYTES, BoundedLog
-from .server import POLL_S, StartupFailed, http_status, listener_pids, port_in_use, wait_until
+from .server import Server, StartupFailed, wait_until
 from .store import write_atomic
 from .sweep import MARK, sweep
 
@@ -48,12 +47,13 @@ def decode_env_file(text: str) -> dict[str, Any]:
     return json.loads(base64.b64decode(blob))
 
 
-class SystemdServer:
+class SystemdServer(Server):
     """One config as `specfleet-<engine>@<instance>.service`."""
 
     def __init__(self, engine: str, instance: str, argv: list[str], env: dict[str, str], log_path: Path,
                  port: int, host: str = "127.0.0.1", env_dir: Path = UNIT_DIR_ENV,
-                 headers: dict[str, str] | None = None, log_max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+                 headers: dict[str, str] | None = None, log_max_bytes: int = DEFAULT_MAX_BYTES,
+                 stop_deadline_s: float = 60.0) -> None:
         self.unit = f"specfleet-{engine}@{instance_name(instance)}.service"
         self.env_path = env_dir / f"{instance_name(instance)}.env"
         self.argv, self.env, self.log_path, self.port, self.host = argv, env, log_path, port, host
@@ -61,6 +61,7 @@ class SystemdServer:
         self.invocation: str | None = None
         self.pid: int | None = None
         self.log_max_bytes = log_max_bytes
+        self.stop_deadline_s = stop_deadline_s
         self.survivors: list[dict[str, object]] = []
 
     def _show(self) -> dict[str, str]:
@@ -68,8 +69,7 @@ class SystemdServer:
         return dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
 
     def start(self) -> None:
-        if port_in_use(self.port, self.host):
-            raise StartupFailed(Reason.PORT_IN_USE, f"port {self.port} on {self.host} is already taken")
+        self.check_port_free()
         state = self._show()
         if state.get("ActiveState") in ("active", "activating", "deactivating"):
             raise StartupFailed(Reason.UNIT_BUSY, f"{self.unit} is already {state['ActiveState']}")
@@ -90,25 +90,16 @@ class SystemdServer:
     def alive(self) -> bool:
         return self._show().get("ActiveState") in ("active", "activating", "reloading")
 
-    def wait_ready(self, health_path: str, deadline_s: float) -> float:
-        t0 = time.monotonic()
-        end = t0 + deadline_s
-        while True:
-            state = self._show()
-            if state.get("ActiveState") not in ("active", "activating", "reloading"):
-                raise StartupFailed(Reason.CRASHED, f"{self.unit} is {state.get('ActiveState')} "
-                                               f"({state.get('Result')}, exit status {state.get('ExecMainStatus')}) "
-                                               f"during startup")
+    def owns(self, pid: int) -> bool:
+        return self.unit in _cgroup(pid)
+
+    def startup_failure(self) -> str | None:
+        state = self._show()
+        if state.get("ActiveState") in ("active", "activating", "reloading"):
             self.pid = int(state.get("MainPID") or 0) or self.pid
-            if http_status(self.port, health_path, self.host, 2.0, self.headers) == 200:
-                holders = listener_pids(self.port)
-                if holders and not any(self.unit in _cgroup(p) for p in holders):
-                    raise StartupFailed(Reason.PORT_IN_USE, f"port {self.port} answers, but from pid(s) "
-                                                       f"{sorted(holders)}, not {self.unit}")
-                return time.monotonic() - t0
-            if time.monotonic() >= end:
-                raise StartupFailed(Reason.HEALTH_TIMEOUT, f"{health_path} not 200 within {deadline_s:.0f} s")
-            time.sleep(POLL_S)
+            return None
+        return (f"{self.unit} is {state.get('ActiveState')} ({state.get('Result')}, exit status "
+                f"{state.get('ExecMainStatus')}) during startup")
 
     def log_text(self) -> str:
         """The end of the invocation's journal (what the classifier reads)."""
@@ -161,9 +152,7 @@ class SystemdServer:
                 _systemctl("kill", "--signal=SIGKILL", self.unit)
                 if not wait_until(lambda: self._show().get("ActiveState") in ("inactive", "failed"), 30):
                     raise RuntimeError(f"{self.unit} did not stop")
-            if not wait_until(lambda: not port_in_use(self.port, self.host)
-                              or not any(self.unit in _cgroup(p) for p in listener_pids(self.port)), 30):
-                raise RuntimeError(f"port {self.port} still in use after {self.unit} stopped")
+            self.wait_port_released()
         finally:
             if self.env.get(MARK):  # KillMode=control-group ends the unit's cgroup; anything else marked goes too
                 self.survivors = sweep(self.env[MARK])
@@ -186,5 +175,14 @@ def leftover_units(engine: str) -> list[str]:
     """Instances of the engine's template that are still loaded (e.g. after an agent was killed)."""
     res = _systemctl("list-units", "--all", "--plain", "--no-legend", f"specfleet-{engine}@*.service")
     return [line.split()[0] for line in res.stdout.splitlines() if line.strip()]
+
+
+def stop_leftover_units(engine: str) -> list[str]:
+    """Stop and reset every loaded instance of the engine's template; the units it stopped."""
+    units = leftover_units(engine)
+    for unit in units:
+        subprocess.run(["systemctl", "stop", unit], capture_output=True, timeout=600)
+        subprocess.run(["systemctl", "reset-failed", unit], capture_output=True, timeout=60)
+    return units
 
 

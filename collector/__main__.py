@@ -10,7 +10,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from agent import SCHEMA_VERSION
+from agent.records import SCHEMA_VERSION
 from agent.store import now_iso, read_json, write_atomic, write_json
 
 from .load import load_run

@@ -3,17 +3,13 @@ with its file (and line) and skipped, never fatal."""
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REQUIRED = {
-    "host": str, "config_id": str, "method": str, "method_params": dict, "tp": int, "workload": str,
-    "max_tokens": int, "context_tokens": int, "concurrency": int, "rep": int, "ok": bool,
-}
-NUMERIC_OR_NULL = ("prompt_tokens", "completion_tokens", "ttft_s", "e2e_s", "output_tok_s", "accept_length")
+from agent import records
 
+OUTCOMES = [o.value for o in records.Outcome]
 
 @dataclass
 class ConfigResult:
@@ -23,6 +19,18 @@ class ConfigResult:
     status: dict[str, Any]
     requests: list[dict[str, Any]]
 
+    def identity(self) -> dict[str, Any]:
+        """What the config is (engine, model name, method, params, tp), from config.json or, when that is lost,
+        from its first request line (which carries the same fields), so its rows still pair with their
+        baseline."""
+        cfg, first = self.config, (self.requests[0] if self.requests else {})
+        model = cfg.get("model")
+        return {"host": self.host, "config_id": self.config_id,
+                "engine": cfg.get("engine") or first.get("engine", ""),
+                "model": model.get("name") if isinstance(model, dict) else (first.get("model") or ""),
+                "tp": cfg.get("tp", first.get("tp")), "method": cfg.get("method") or first.get("method", ""),
+                "method_params": cfg.get("method_params", first.get("method_params", {}))}
+
 
 @dataclass
 class Run:
@@ -31,27 +39,6 @@ class Run:
     hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
     configs: list[ConfigResult] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
-
-
-def _check_row(row: Any, config_id: str) -> str | None:
-    if not isinstance(row, dict):
-        return f"not a JSON object (got {type(row).__name__})"
-    for key, typ in REQUIRED.items():
-        if key not in row:
-            return f"missing field {key!r}"
-        if typ is int and (isinstance(row[key], bool) or not isinstance(row[key], int)):
-            return f"field {key!r} should be an integer, got {row[key]!r}"
-        if typ is not int and not isinstance(row[key], typ):
-            return f"field {key!r} should be {typ.__name__}, got {type(row[key]).__name__}"
-    for key in NUMERIC_OR_NULL:
-        v = row.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
-            return f"field {key!r} should be a finite number or null, got {v!r}"
-    if row["ok"] and not isinstance(row.get("output_tok_s"), (int, float)):
-        return "ok request without output_tok_s"
-    if row["config_id"] != config_id:
-        return f"config_id {row['config_id']!r} is not its folder's ({config_id!r})"
-    return None
 
 
 def read_requests(path: Path, problems: list[str]) -> list[dict[str, Any]]:
@@ -70,7 +57,7 @@ def read_requests(path: Path, problems: list[str]) -> list[dict[str, Any]]:
         except json.JSONDecodeError as exc:
             problems.append(f"{path}:{n}: malformed JSON ({exc.msg}, column {exc.colno}); line skipped")
             continue
-        why = _check_row(row, path.parent.name)
+        why = records.request_problem(row, path.parent.name)
         if why:
             problems.append(f"{path}:{n}: {why}; line skipped")
             continue
@@ -98,18 +85,6 @@ def _read_json(path: Path, problems: list[str], then: str) -> dict[str, Any] | N
     return obj
 
 
-def _identity_from(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """What config.json would say of a config's identity, from its first request line (which the agent writes
-    with engine, model name, method, params and tp), so that its rows still pair with their baseline."""
-    if not rows:
-        return {}
-    first = rows[0]
-    out = {k: first[k] for k in ("engine", "method", "method_params", "tp") if k in first}
-    if isinstance(first.get("model"), str):
-        out["model"] = {"name": first["model"]}
-    return out
-
-
 def _config(host_dir: Path, d: Path, problems: list[str]) -> ConfigResult | None:
     status_path = d / "status.json"
     if not status_path.exists():
@@ -118,7 +93,7 @@ def _config(host_dir: Path, d: Path, problems: list[str]) -> ConfigResult | None
     status = _read_json(status_path, problems, "config skipped")
     if status is None:
         return None
-    if status.get("status") not in ("ok", "failed", "skipped"):
+    if status.get("status") not in OUTCOMES:
         problems.append(f"{status_path}: status {status.get('status')!r} is not ok|failed|skipped; config skipped")
         return None
     config = _read_json(d / "config.json", problems, "the config's identity taken from its request lines")
@@ -127,7 +102,7 @@ def _config(host_dir: Path, d: Path, problems: list[str]) -> ConfigResult | None
     jsonl = d / "requests.jsonl"
     reqs = read_requests(jsonl, problems) if jsonl.exists() else []
     if config is None:
-        config = _identity_from(reqs)
+        config = {}
     if status["status"] == "ok" and not jsonl.exists():
         problems.append(f"{jsonl}: missing, though status.json says ok; its cells have no data")
     elif status["status"] == "ok" and not reqs and jsonl.exists() and not jsonl.read_bytes().strip():

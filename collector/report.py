@@ -7,24 +7,20 @@ from typing import Any
 
 import pandas as pd
 
+from agent import records
+
 from .load import ConfigResult, Run
 from .stats import mean_std, ratio_ci
 
-CELL = ["host", "engine", "model", "tp", "workload", "max_tokens", "context_tokens", "concurrency"]
+CELL = ["host", "engine", "model", "tp", *records.CELL]  # a row of the table; a spec row pairs with the baseline's
 COLUMNS = CELL + ["config_id", "method", "method_params", "n", "errors", "tok_s_mean", "tok_s_std", "speedup",
                   "speedup_ci_low", "speedup_ci_high", "significant", "accept_length_mean", "ttft_mean_s",
                   "status"]
 
 
 def _identity(c: ConfigResult) -> dict[str, Any]:
-    cfg = c.config
-    first = c.requests[0] if c.requests else {}
-    model = cfg.get("model") or {}
-    return {"host": c.host, "engine": cfg.get("engine") or first.get("engine", ""),
-            "model": model.get("name") if isinstance(model, dict) else (first.get("model") or ""),
-            "tp": cfg.get("tp", first.get("tp")), "config_id": c.config_id,
-            "method": cfg.get("method") or first.get("method", ""),
-            "method_params": json.dumps(cfg.get("method_params", first.get("method_params", {})), sort_keys=True)}
+    ident = c.identity()
+    return {**ident, "method_params": json.dumps(ident["method_params"], sort_keys=True)}
 
 
 def _samples(run: Run) -> list[dict[str, Any]]:
@@ -36,13 +32,13 @@ def _samples(run: Run) -> list[dict[str, Any]]:
         if st != "ok":
             cells = c.config.get("cells") or [{}]
             for cell in cells:
-                out.append({**ident, **{k: cell.get(k) for k in CELL[4:]}, "tok": [], "acc": [], "ttft": [],
+                out.append({**ident, **{k: cell.get(k) for k in records.CELL}, "tok": [], "acc": [], "ttft": [],
                             "errors": 0, "n_total": 0, "status": c.status.get("reason") or st})
             continue
         cells: dict[tuple[Any, ...], dict[str, Any]] = {}
         for r in c.requests:
-            key = (r["workload"], r["max_tokens"], r["context_tokens"], r["concurrency"])
-            e = cells.setdefault(key, {**ident, **dict(zip(CELL[4:], key)), "tok": [], "acc": [], "ttft": [],
+            key = records.cell_key(r)
+            e = cells.setdefault(key, {**ident, **dict(zip(records.CELL, key)), "tok": [], "acc": [], "ttft": [],
                                        "errors": 0, "n_total": 0, "status": "ok"})
             e["n_total"] += 1
             if not r["ok"]:
@@ -54,9 +50,9 @@ def _samples(run: Run) -> list[dict[str, Any]]:
             if r.get("ttft_s") is not None:
                 e["ttft"].append(float(r["ttft_s"]))
         for cell in c.config.get("cells") or []:
-            key = tuple(cell.get(k) for k in CELL[4:])
+            key = records.cell_key(cell)
             if key not in cells:  # listed in the config, but no valid request line for it
-                cells[key] = {**ident, **dict(zip(CELL[4:], key)), "tok": [], "acc": [], "ttft": [], "errors": 0,
+                cells[key] = {**ident, **dict(zip(records.CELL, key)), "tok": [], "acc": [], "ttft": [], "errors": 0,
                               "n_total": 0, "status": "no_data"}
         out.extend(cells.values())
     return out

@@ -1,8 +1,6 @@
-"""Shared test paths; the repository root is importable."""
+"""Shared test paths."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))

@@ -10,12 +10,16 @@ other value unchanged, for the validator to judge.
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any, Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from agent import matrix, secrets  # noqa: E402
+from ansible.errors import AnsibleError
+
+try:
+    from agent import secrets
+    from controller import matrix
+except ImportError as exc:  # ansible-playbook from another Python than the project's
+    raise AnsibleError(f"specfleet's controller package is not importable ({exc}): run `make venv` and "
+                       f"`. .venv/bin/activate` in the project") from exc
 
 
 def bench_secrets(suite: dict[str, Any]) -> dict[str, str]:

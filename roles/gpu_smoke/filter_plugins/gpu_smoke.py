@@ -1,12 +1,9 @@
-"""Filters over nvidia-smi and /proc output, using the agent's parsers (one implementation)."""
+"""Filters over nvidia-smi and /proc output: the agent's parsers (agent.gpu, the one implementation)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-from agent import gpu  # noqa: E402
+from agent import gpu
 
 
 class FilterModule:

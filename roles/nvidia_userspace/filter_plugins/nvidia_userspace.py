@@ -8,9 +8,10 @@ import os
 import re
 from typing import Any, Dict, Iterable, List
 
+from agent import gpu
+
 MISMATCH = "Driver/library version mismatch"
 _LIB = re.compile(r"^libnvidia-ml\.so\.(\d+\.\d+(?:\.\d+)?)$")
-_VERSION = re.compile(r"^\d+\.\d+(?:\.\d+)?$")
 
 
 def _text(value: Any) -> str:
@@ -41,10 +42,11 @@ def nvidia_userspace_installed(smi: Any, library_paths: Iterable[str]) -> Dict[s
     result: Dict[str, Any] = {"version": None, "source": None, "mismatch": MISMATCH in out,
                               "libraries": libraries, "smi_error": None}
     if smi.get("rc") == 0:
-        versions = [line.strip() for line in _text(smi.get("stdout")).splitlines() if line.strip()]
-        if versions and all(_VERSION.match(v) for v in versions) and len(set(versions)) == 1:
-            result.update(version=versions[0], source="nvidia-smi")
+        try:
+            result.update(version=gpu.driver_version(_text(smi.get("stdout"))), source="nvidia-smi")
             return result
+        except ValueError:
+            pass
     result["smi_error"] = " ".join(out.split())[:300] or None
     if len(libraries) == 1:
         result.update(version=libraries[0], source="libnvidia-ml")

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agent import matrix
+from controller import matrix
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITE_KEYS = ("suite_name", "engine", "engine_python", "engine_patches", "model", "draft_model", "gpu_count",

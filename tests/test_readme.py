@@ -10,39 +10,39 @@ from tests.readme import README, ROOT, commands
 
 # Each README command -> the tests that run it exactly as typed (tests/readme.py `typed`).
 COVERED: dict[str, list[str]] = {
-    "make demo": ["tests/integration/test_readme_local.py::demo"],
+    "make demo": ["tests/playbooks/test_readme_local.py::demo"],
     "make test": [".ci/run"],  # CI's whole run; it cannot run inside itself
     ". .venv/bin/activate": ["tests/readme.py::typed"],  # sourced before every command after it
-    "ansible-playbook bench.yml -l local --check": ["tests/integration/test_readme_local.py::"
+    "ansible-playbook bench.yml -l local --check": ["tests/playbooks/test_readme_local.py::"
                                                     "test_check_mode_starts_nothing"],
     "ansible-playbook bench.yml -l local -e run_id=<id>": [
-        "tests/integration/test_readme_local.py::test_resume_keeps_every_config_then_force_runs_them_all_again"],
+        "tests/playbooks/test_readme_local.py::test_resume_keeps_every_config_then_force_runs_them_all_again"],
     "ansible-playbook bench.yml -l local -e run_id=<id> -e force=true": [
-        "tests/integration/test_readme_local.py::test_resume_keeps_every_config_then_force_runs_them_all_again"],
+        "tests/playbooks/test_readme_local.py::test_resume_keeps_every_config_then_force_runs_them_all_again"],
     "python -m collector report results/<id> --format md|csv|json": [
-        "tests/integration/test_readme_local.py::test_collector_report_in_each_format"],
+        "tests/playbooks/test_readme_local.py::test_collector_report_in_each_format"],
     "ansible-playbook bench.yml -l ct200 -e plan=true": [
-        "tests/integration/test_readme_local.py::test_plan_for_ct200_prints_every_config_without_connecting"],
+        "tests/playbooks/test_readme_local.py::test_plan_for_ct200_prints_every_config_without_connecting"],
     "ansible-playbook bench.yml -l ct200 -e plan=true -e phases=tp1": [
-        "tests/integration/test_readme_local.py::test_plan_for_ct200_one_phase"],
+        "tests/playbooks/test_readme_local.py::test_plan_for_ct200_one_phase"],
     "ansible-playbook bench.yml -l ct200 --check": [
-        "tests/integration/test_readme_local.py::test_check_on_unreachable_ct200_says_what_it_could_not_check"],
-    **{cmd: ["tests/integration/test_readme_local.py::"
+        "tests/playbooks/test_readme_local.py::test_check_on_unreachable_ct200_says_what_it_could_not_check"],
+    **{cmd: ["tests/playbooks/test_readme_local.py::"
              "test_suite_on_unreachable_ct200_starts_nothing_and_says_how_to_resume"]
        for cmd in ("ansible-playbook bench.yml -l ct200", "ansible-playbook bench.yml -l ct200 -e run_id=<id>",
                    "ansible-playbook bench.yml -l ct200 -e run_id=<id> -e force=true")},
     # as typed, ct200 is out of reach; the playbooks run for real on test hosts in test_provision_hosts.py
     "ansible-playbook playbooks/provision.yml -l ct200": [
-        "tests/integration/test_readme_local.py::test_provisioning_unreachable_ct200_stops_at_once",
-        "tests/integration/test_provision_hosts.py::test_provision_twice_every_role_changes_then_nothing"],
+        "tests/playbooks/test_readme_local.py::test_provisioning_unreachable_ct200_stops_at_once",
+        "tests/playbooks/test_provision_hosts.py::test_provision_twice_every_role_changes_then_nothing"],
     "ansible-playbook playbooks/recover.yml -l ct200": [
-        "tests/integration/test_readme_local.py::test_provisioning_unreachable_ct200_stops_at_once",
-        "tests/integration/test_provision_hosts.py::test_recover_after_a_reboot_of_the_proxmox_host"],
-    "make testhosts": ["tests/integration/test_testhosts_suite.py::testhosts"],
-    "ansible-playbook playbooks/engine.yml -l testhosts": ["tests/integration/test_testhosts_suite.py::testhosts"],
-    "ansible-playbook bench.yml -l testhosts": ["tests/integration/test_testhosts_suite.py::two_host_run"],
+        "tests/playbooks/test_readme_local.py::test_provisioning_unreachable_ct200_stops_at_once",
+        "tests/playbooks/test_provision_hosts.py::test_recover_after_a_reboot_of_the_proxmox_host"],
+    "make testhosts": ["tests/playbooks/test_testhosts_suite.py::testhosts"],
+    "ansible-playbook playbooks/engine.yml -l testhosts": ["tests/playbooks/test_testhosts_suite.py::testhosts"],
+    "ansible-playbook bench.yml -l testhosts": ["tests/playbooks/test_testhosts_suite.py::two_host_run"],
     "python -m collector pull -l testhosts [<id>]": [
-        "tests/integration/test_testhosts_suite.py::test_collector_pull_fetches_a_run"],
+        "tests/playbooks/test_testhosts_suite.py::test_collector_pull_fetches_a_run"],
 }
 
 

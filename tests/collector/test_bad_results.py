@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 
 import pytest
 
-from agent import matrix
+from controller import matrix
 from agent.store import redact_argv, redact_env, write_json, write_jsonl
 from collector.__main__ import main as collector_main
 from collector.load import load_run
@@ -231,7 +231,7 @@ DAMAGES = [
                         f"h1/{NGRAM}/requests.jsonl", 5, "field 'output_tok_s' should be a finite number or null",
                         {("h1", NGRAM, "fib"): (2, mean(15, 18), "ok")}), id="line-tok_s-string"),
     pytest.param(Damage(edit_line("h1", BASE, line_of(1, "fib"), setting("ok", "true")), f"h1/{BASE}/requests.jsonl",
-                        3, "field 'ok' should be bool, got str", {("h1", BASE, "fib"): (2, mean(10, 14), "ok")}),
+                        3, "field 'ok' should be a boolean, got", {("h1", BASE, "fib"): (2, mean(10, 14), "ok")}),
                  id="line-ok-string"),
     pytest.param(Damage(edit_line("h1", BASE, line_of(2, "json"),
                                   lambda row: json.dumps({**row, "output_tok_s": float("nan")})),

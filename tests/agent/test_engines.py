@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import json
 
-from agent import matrix
-from tests.unit.test_matrix import suite_from_host_vars
+from controller import matrix
+from tests.controller.test_matrix import suite_from_host_vars
 
 SGLANG_BASE = [
     "/opt/specfleet/sglang/bin/python", "-m", "sglang.launch_server", "--model-path", "/models/Qwen3.6-27B",

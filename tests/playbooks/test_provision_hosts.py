@@ -67,7 +67,7 @@ import yaml
 from tests.builders import git, make_sglang_source, make_wheel
 from tests.hosts.testhosts import TestHosts
 
-from .roles_harness import BIN, PVE_CT200_CONF, ROOT, ansible_env
+from tests.roles.harness import BIN, PVE_CT200_CONF, ROOT, ansible_env
 
 STATE = ROOT / ".work/testhosts-prov"
 BRIDGE, SUBNET, GATEWAY = "sfbr1", "10.99.1.0/24", "10.99.1.1"

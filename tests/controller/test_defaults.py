@@ -5,7 +5,7 @@ from pathlib import Path
 
 import yaml
 
-from agent import matrix
+from controller import matrix
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles/bench"

@@ -10,13 +10,14 @@ import ipaddress
 import json
 import math
 import re
+from dataclasses import dataclass
 from typing import Any, Iterable
 
-from . import workloads
-from .engines import ENGINES
-from .logbound import DEFAULT_MAX_BYTES
-from .secrets import PLACEHOLDER
-from .store import SECRET_KEY
+from agent import workloads
+from agent.engines import ENGINES
+from agent.logbound import DEFAULT_MAX_BYTES
+from agent.secrets import PLACEHOLDER
+from agent.store import SECRET_KEY
 
 METHODS = ("autoregressive", "ngram", "draft_model", "eagle", "eagle3", "mtp", "dflash", "ddtree")
 NEEDS_DRAFT = ("draft_model", "eagle", "eagle3", "dflash", "ddtree")
@@ -434,9 +435,21 @@ def _secret_errors(suite: dict[str, Any], secrets_hidden: bool) -> list[str]:
     return errors
 
 
-def validate(suite: dict[str, Any], phases: list[str] | None = None, *, secrets_hidden: bool = False) -> None:
-    """Raise MatrixError listing every problem, each naming its field. `secrets_hidden`: the suite's secrets
-    are already placeholders (secrets.split), as on the controller after the first validation."""
+@dataclass(frozen=True)
+class Matrix:
+    """A suite that passed `validate`, with every default filled in, and the phases selected (None: all)."""
+
+    suite: dict[str, Any]
+    phases: tuple[str, ...] | None = None
+
+    def hide(self, suite: dict[str, Any]) -> Matrix:
+        """The same matrix with its secrets replaced by placeholders (`secrets.split` of `self.suite`)."""
+        return Matrix(with_defaults(suite), self.phases)
+
+
+def validate(suite: dict[str, Any], phases: list[str] | None = None, *, secrets_hidden: bool = False) -> Matrix:
+    """The checked matrix; MatrixError listing every problem, each naming its field. `secrets_hidden`: the
+    suite's secrets are already placeholders (secrets.split)."""
     suite = with_defaults(suite)
     errors = _schema_errors(suite)
     if errors:
@@ -517,6 +530,7 @@ def validate(suite: dict[str, Any], phases: list[str] | None = None, *, secrets_
             errors.append(f"phases: unknown phase {p!r}; allowed: {', '.join(names)}")
     if errors:
         raise MatrixError("\n".join(errors))
+    return Matrix(suite, tuple(phases) if phases else None)
 
 
 def _cells(suite: dict[str, Any], sweep: dict[str, Any]) -> list[dict[str, int | str]]:
@@ -527,11 +541,13 @@ def _cells(suite: dict[str, Any], sweep: dict[str, Any]) -> list[dict[str, int |
             for c in sweep.get("concurrency", [1])]
 
 
-def expand(suite: dict[str, Any], phases: list[str] | None = None, *, secrets_hidden: bool = False
+def expand(checked: Matrix | dict[str, Any], phases: list[str] | None = None, *, secrets_hidden: bool = False
            ) -> list[dict[str, Any]]:
-    """Resolved configs in run order: phase by phase, the baseline first in each."""
-    validate(suite, phases, secrets_hidden=secrets_hidden)
-    suite = with_defaults(suite)
+    """Resolved configs in run order: phase by phase, the baseline first in each. Takes a checked `Matrix`
+    (a plain suite is validated first)."""
+    if not isinstance(checked, Matrix):
+        checked = validate(checked, phases, secrets_hidden=secrets_hidden)
+    suite, phases = checked.suite, list(checked.phases or ())
     engine = ENGINES[suite["engine"]]
     est = suite["estimate"]
     reps_default = suite["repetitions"]

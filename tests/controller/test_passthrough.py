@@ -1,4 +1,4 @@
-"""Unit tests for plugins/filter/nvidia.py on real captures from an H200 host (tests/fixtures/nvidia-h200)."""
+"""Unit tests for controller/passthrough.py (the filters of plugins/filter/nvidia.py) on real captures from an H200 host (tests/fixtures/nvidia-h200)."""
 from __future__ import annotations
 
 import re
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from plugins.filter import nvidia
+from controller import passthrough as nvidia
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-h200"
 
@@ -290,7 +290,10 @@ def test_driver_version_rejects_what_it_cannot_read() -> None:
 
 
 def test_filter_module_exports_every_filter() -> None:
-    filters = nvidia.FilterModule().filters()
+    from plugins.filter.nvidia import FilterModule
+
+    filters = FilterModule().filters()
+    assert set(filters) == set(nvidia.FILTERS)
     for name in ("proc_devices", "nvidia_majors", "pve_dev_changes", "lxc_config_changes", "lxc_stale_lines",
                  "lxc_missing_lines", "lxc_written_after", "nvidia_driver_version",
                  "pve_uses_devn"):

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from .roles_harness import PVE_CT200_CONF, ROOT, RoleRun, run_role
+from .harness import PVE_CT200_CONF, ROOT, RoleRun, run_role
 
 FIXTURES = ROOT / "tests" / "fixtures" / "nvidia-h200"
 FAKES = ROOT / "tests" / "fakes"

@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from .roles_harness import ROOT, run_role
+from .harness import ROOT, run_role
 
 FIXTURES = ROOT / "tests" / "fixtures" / "nvidia-h200"
 CACHE = ROOT / ".cache" / "lxc"

@@ -7,7 +7,7 @@ from typing import Any, Callable, Optional
 
 import pytest
 
-from agent import matrix
+from controller import matrix
 
 SECRET = "hf_PlantedSecretValue0123456789"
 

@@ -1,0 +1,251 @@
+"""One config on this host, as four steps each testable alone:
+`preflight` (flags known, tp fits, GPU memory released) → `serve` (its own server, a context manager)
+→ `measure` (the timed requests, in `measure.py`) → `record` (config.json, requests.jsonl, status.json).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Set
+
+from . import gpu
+from .classify import Reason, classify, tail
+from .engines import PORT, Engine
+from .measure import Endpoint, Measured, PromptError, measure
+from .records import Event, Outcome
+from .server import ProcessServer, Server, StartupFailed, connect_host, free_port
+from .store import (
+    HostStore,
+    now_iso,
+    redact_argv,
+    redact_env,
+    scrub,
+    secret_values,
+    write_atomic,
+    write_json,
+    write_jsonl,
+)
+from .sweep import MARK
+from .systemd import SystemdServer
+
+ENV_PASSTHROUGH = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH", "CUDA_HOME")
+FLAG = re.compile(r"(?<![\w-])--[A-Za-z0-9][A-Za-z0-9_-]*")
+
+
+@dataclass
+class Host:
+    """What every config on this host shares: the suite's settings, the engine, the store, the GPUs' idle
+    memory and the engine's known flags (probed once)."""
+
+    suite: Dict[str, Any]
+    engine: Engine
+    store: HostStore
+    engine_info: Dict[str, Any] = field(default_factory=dict)
+    idle_gpu: Dict[int, int] = field(default_factory=dict)
+    gpu_count: int = 0
+    flags: Optional[Set[str]] = None
+
+    @property
+    def bind_host(self) -> str:
+        return str(self.suite.get("bind_host", "127.0.0.1"))
+
+    @property
+    def headers(self) -> Dict[str, str]:
+        key = self.suite.get("api_key") or ""
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def secrets(self, cfg: Mapping[str, Any]) -> List[str]:
+        key = self.suite.get("api_key") or ""
+        return secret_values(cfg["env"], cfg["command"]) + ([key] if key else [])
+
+
+@dataclass
+class Result:
+    """How a config ended; `fields` are the status.json fields beyond the outcome (ready_s, port, ...)."""
+
+    status: Outcome
+    reason: Optional[Reason] = None
+    detail: Optional[str] = None
+    rows: List[Dict[str, Any]] = field(default_factory=list)
+    log_tail: str = ""
+    argv: Optional[List[str]] = None
+    fields: Dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def failed(cls, reason: Reason, detail: str, **fields: Any) -> Result:
+        return cls(Outcome.FAILED, reason, detail, fields=fields)
+
+
+def config_digest(cfg: Mapping[str, Any]) -> str:
+    """Identifies what a config measures; a kept result must have been made by the same config
+    (secrets aside: a new token does not invalidate a result)."""
+    keep = {k: v for k, v in cfg.items() if k not in ("estimate_s", "timeouts")}
+    keep.update(env=redact_env(cfg.get("env", {})), command=redact_argv(cfg.get("command", [])))
+    return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def engine_flags(engine: Engine, python: str, env: Mapping[str, str]) -> Set[str]:
+    """Every `--flag` the installed engine's `--help` mentions."""
+    res = subprocess.run(engine.help_command(python), capture_output=True, text=True, env=dict(env), timeout=600)
+    flags = set(FLAG.findall(res.stdout + res.stderr))
+    if res.returncode != 0 or "--help" not in flags and len(flags) < 5:
+        raise RuntimeError(f"`{' '.join(engine.help_command(python))}` failed ({res.returncode}): "
+                           f"{tail(res.stderr or res.stdout, 10)}")
+    return flags
+
+
+def unknown_flags(argv: List[str], known: Set[str]) -> List[str]:
+    return [a.split("=", 1)[0] for a in argv if a.startswith("--") and a.split("=", 1)[0] not in known]
+
+
+def server_env(cfg: Mapping[str, Any]) -> Dict[str, str]:
+    """The server's environment: the agent's basics (PATH, HOME, ...) and the config's own."""
+    base = {k: os.environ[k] for k in ENV_PASSTHROUGH if k in os.environ}
+    return {**base, **cfg["env"]}
+
+
+# -- preflight ----------------------------------------------------------------------------------------
+def preflight(host: Host, cfg: Mapping[str, Any]) -> Optional[Result]:
+    """Why the config cannot start on this host, before anything is launched; None when it can."""
+    if host.flags is None:
+        try:
+            host.flags = engine_flags(host.engine, host.suite["engine_python"], server_env(cfg))
+        except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
+            return Result.failed(Reason.ENGINE_UNAVAILABLE, str(exc))
+    missing = unknown_flags(cfg["command"], host.flags)
+    if missing:
+        version = host.engine_info.get("version") or "unknown version"
+        return Result.failed(Reason.UNSUPPORTED_FLAG, f"{', '.join(missing)} not known to {host.engine.name} "
+                                                      f"{version}", unsupported_flags=missing)
+    if host.gpu_count and cfg["tp"] > host.gpu_count:
+        return Result.failed(Reason.DOES_NOT_FIT, f"tp {cfg['tp']} needs {cfg['tp']} GPUs; this host has "
+                                                  f"{host.gpu_count}")
+    ok, now = gpu.wait_released(host.idle_gpu, cfg["timeouts"]["release_s"])
+    if not ok:
+        return Result.failed(Reason.GPU_BUSY, f"GPU memory still in use before start (MiB used {now}, idle "
+                                              f"{host.idle_gpu})")
+    return None
+
+
+# -- serve --------------------------------------------------------------------------------------------
+def server_for(host: Host, cfg: Mapping[str, Any], argv: List[str], log: Path, port: int) -> Server:
+    """The config's server on the suite's backend, marked so that anything it leaves behind is found."""
+    mark = {MARK: f"{host.store.dir.parent.name}/{cfg['config_id']}/{uuid.uuid4().hex[:12]}"}
+    log_max = int(host.suite["server_log_max_mib"]) << 20  # the plan carries every default
+    common = dict(host=connect_host(host.bind_host), headers=host.headers, log_max_bytes=log_max,
+                  stop_deadline_s=cfg["timeouts"]["stop_s"])
+    if host.suite.get("backend") == "systemd":
+        return SystemdServer(host.engine.name, cfg["config_id"], argv, {**cfg["env"], **mark}, log, port, **common)
+    return ProcessServer(argv, {**server_env(cfg), **mark}, log, port, **common)
+
+
+def serve(host: Host, cfg: Mapping[str, Any], folder: Path) -> Result:
+    """Start the config's server, wait for it, measure, stop it; the outcome with the server's log."""
+    port = int(host.suite.get("port") or free_port(host.bind_host))
+    argv = [str(port) if a == PORT else a for a in cfg["command"]]
+    server = server_for(host, cfg, argv, folder / "server.log", port)
+    identity = {"host": host.store.host, "config_id": cfg["config_id"], "method": cfg["method"],
+                "method_params": cfg["method_params"], "tp": cfg["tp"], "engine": cfg["engine"],
+                "model": cfg["model"]["name"], "phase": cfg["phase"]}
+    out = Measured([])
+    ready_s = None
+    try:
+        with server:
+            ready_s = round(server.wait_ready(host.engine.health_path, cfg["timeouts"]["health_s"]), 3)
+            host.store.event(Event.CONFIG_READY, config_id=cfg["config_id"], ready_s=ready_s, port=port,
+                             server_pid=server.pid)
+            out = measure(cfg, identity, server, Endpoint(host.engine, port, server.host, host.headers))
+    except StartupFailed as exc:
+        out.reason, out.detail = exc.reason, exc.detail
+        if exc.reason == Reason.CRASHED:
+            out.reason = classify(tail(server.log_text(), 120), Reason.CRASHED)
+    except PromptError as exc:
+        out.reason, out.detail = Reason.BAD_PROMPT, str(exc)
+    except (OSError, RuntimeError, ValueError) as exc:
+        out.reason = Reason.PROMPT_BUILD_FAILED if server.alive() else Reason.CRASHED
+        out.detail = f"{type(exc).__name__}: {exc}"
+    notes = [out.detail] if out.detail else []
+    if server.stop_error:
+        notes.append(f"stop: {server.stop_error}")
+    if server.survivors:
+        what = "; ".join(f"pid {p['pid']} {str(p['cmdline'])[:80]}" for p in server.survivors[:5])
+        notes.append(f"{len(server.survivors)} process(es) outlived the server (left its process group or "
+                     f"unit) and were killed: {what}")
+    log_text = _scrubbed_log(server.log_path, host.secrets(cfg))
+    return Result(Outcome.FAILED if out.reason else Outcome.OK, out.reason, "; ".join(notes) or None, out.rows,
+                  tail(log_text, 40), argv,
+                  dict(ready_s=ready_s, port=port, timed_s=round(out.timed_s, 3), stop_s=round(server.stop_s, 3),
+                       survivors=server.survivors))
+
+
+def _scrubbed_log(path: Path, secrets: List[str]) -> str:
+    """The server's whole log after its stop, rewritten without secrets if it held any (engines log their
+    arguments)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    if secrets and any(v in text for v in secrets):
+        text = scrub(text, secrets)
+        write_atomic(path, text.encode())
+    return text
+
+
+# -- record -------------------------------------------------------------------------------------------
+def fresh_folder(store: HostStore, config_id: str) -> Path:
+    """A fresh folder for the config; an earlier attempt is kept under `.previous/`."""
+    d = store.config_dir(config_id)
+    if d.exists():
+        keep = store.dir / ".previous" / f"{config_id}.{time.strftime('%Y%m%dT%H%M%S')}.{uuid.uuid4().hex[:6]}"
+        keep.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(d), str(keep))
+    d.mkdir(parents=True)
+    return d
+
+
+def record(host: Host, cfg: Mapping[str, Any], result: Result, folder: Path, started_at: str,
+           secrets: List[str] = ()) -> Dict[str, Any]:
+    """config.json, requests.jsonl and status.json of one config (status last: a config without it is
+    incomplete); the status written."""
+    log = folder / "server.log"
+    if not log.exists():
+        log.write_text(f"[specfleet] server not started: {result.detail}\n")
+    config = {k: v for k, v in cfg.items() if k not in ("command", "env", "prompts")}
+    config.update(command=redact_argv(result.argv or cfg["command"]), environment=redact_env(cfg["env"]),
+                  host=host.store.host, engine_version=host.engine_info.get("version"))
+    write_json(folder / "config.json", config)
+    write_jsonl(folder / "requests.jsonl", result.rows)
+    finished = now_iso()
+    status = {"config_id": cfg["config_id"], "status": result.status.value,
+              "reason": result.reason.value if result.reason else None, "config_digest": config_digest(cfg),
+              "detail": scrub(result.detail, secrets) if result.detail else None,
+              "log_tail": scrub(result.log_tail, secrets), "finished_at": finished, "started_at": started_at,
+              "ready_s": None, "requests": len(result.rows),
+              "requests_ok": sum(1 for r in result.rows if r.get("ok")), **result.fields}
+    write_json(folder / "status.json", status)
+    return status
+
+
+def run_config(host: Host, cfg: Mapping[str, Any]) -> Dict[str, Any]:
+    """preflight → serve (and measure) → record; the status written."""
+    started_at, t0 = now_iso(), time.monotonic()
+    result = preflight(host, cfg)
+    folder = fresh_folder(host.store, cfg["config_id"])
+    if result is None:
+        result = serve(host, cfg, folder)
+        result.fields["wall_s"] = round(time.monotonic() - t0, 3)
+    return record(host, cfg, result, folder, started_at, host.secrets(cfg))
+
+
+def skip(host: Host, cfg: Mapping[str, Any], reason: Reason, detail: str) -> Dict[str, Any]:
+    """Record a config that is not run (its phase's baseline failed)."""
+    folder = fresh_folder(host.store, cfg["config_id"])
+    return record(host, cfg, Result(Outcome.SKIPPED, reason, detail), folder, now_iso(), host.secrets(cfg))

@@ -1,0 +1,131 @@
+"""The timed requests of one config against its ready server: prompts built with the server's own
+tokenizer, an untimed warmup, then every cell's repetitions as bursts of concurrent requests.
+
+`measure` returns the request rows and how the config ended; it never stops the server.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+
+from . import client, records, workloads
+from .classify import Reason, classify, tail
+from .engines import Engine
+from .server import Server, http_status
+from .store import now_iso
+
+Prompt = Union[str, List[int]]
+
+
+class PromptError(ValueError):
+    """A workload prompt cannot be built as asked."""
+
+
+@dataclass
+class Endpoint:
+    """How requests reach the server: its engine's API, address and auth."""
+
+    engine: Engine
+    port: int
+    host: str = "127.0.0.1"
+    headers: Dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Measured:
+    """The rows of a config and how its requests ended (reason None when ok)."""
+
+    rows: List[Dict[str, Any]]
+    reason: Optional[Reason] = None
+    detail: Optional[str] = None
+    timed_s: float = 0.0
+
+
+def prompts(cfg: Mapping[str, Any], ep: Endpoint) -> Dict[Tuple[str, int], Prompt]:
+    """Plain prompts as text; long-context prompts as token ids of exactly `context_tokens`, built with the
+    server's tokenizer (filler, then the question)."""
+    out: Dict[Tuple[str, int], Prompt] = {}
+    name = cfg["model"]["name"]
+    filler: List[int] = []
+    for cell in cfg["cells"]:
+        key = (cell["workload"], cell["context_tokens"])
+        if key in out:
+            continue
+        text = cfg["prompts"][cell["workload"]]
+        if cell["context_tokens"] == 0:
+            out[key] = text
+            continue
+        q = client.post_json(ep.port, "/tokenize", {"model": name, "prompt": text}, 60, ep.host,
+                             ep.headers)["tokens"]
+        need = cell["context_tokens"] - len(q)
+        if need < 0:
+            raise PromptError(f"context_tokens {cell['context_tokens']} is shorter than the "
+                              f"{cell['workload']!r} prompt itself ({len(q)} tokens)")
+        while len(filler) < need:
+            reps = 1 + need // 64
+            filler = client.post_json(ep.port, "/tokenize", {"model": name, "prompt": workloads.FILLER * reps,
+                                                             "add_special_tokens": False}, 120, ep.host,
+                                      ep.headers)["tokens"]
+        out[key] = filler[:max(need, 0)] + q
+    return out
+
+
+def burst(cfg: Mapping[str, Any], ep: Endpoint, prompt: Prompt, max_tokens: int, n: int,
+          tag: str) -> Tuple[List[Dict[str, Any]], float]:
+    """`n` identical requests released together, each its own measurement; and the burst's seconds."""
+    gate = threading.Barrier(n)
+    deadline = cfg["timeouts"]["request_s"]
+
+    def one(slot: int) -> Dict[str, Any]:
+        body = ep.engine.request(cfg["model"]["name"], prompt, max_tokens, cfg["sampling"],
+                                 salt=f"{tag}-{slot}-{uuid.uuid4().hex[:8]}")
+        gate.wait()
+        return {"slot": slot, "started_at": now_iso(),
+                **client.stream(ep.engine, ep.port, body, deadline, ep.host, ep.headers)}
+
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        rows = list(pool.map(one, range(n)))
+    return rows, time.monotonic() - t0
+
+
+def _timed_out(rows: List[Dict[str, Any]]) -> bool:
+    return any(not r["ok"] and ("timed out" in str(r["error"]) or "deadline" in str(r["error"])) for r in rows)
+
+
+def measure(cfg: Mapping[str, Any], identity: Mapping[str, Any], server: Server, ep: Endpoint) -> Measured:
+    """Warmup, then the cells' repetitions interleaved (rep 0 of every cell, then rep 1, ...), stopping early
+    when the server dies or hangs."""
+    built = prompts(cfg, ep)
+    first = cfg["cells"][0]
+    [warm], _ = burst(cfg, ep, built[(first["workload"], first["context_tokens"])], cfg["warmup_max_tokens"], 1,
+                      "warmup")
+    if not warm["ok"]:
+        reason = Reason.CRASHED if not server.alive() else Reason.WARMUP_FAILED
+        return Measured([], reason, f"warmup request failed: {warm['error']}")
+    out = Measured([])
+    for rep in range(max(c["repetitions"] for c in cfg["cells"])):
+        for i, cell in enumerate(cfg["cells"]):
+            if rep >= cell["repetitions"]:
+                continue
+            got, seconds = burst(cfg, ep, built[(cell["workload"], cell["context_tokens"])], cell["max_tokens"],
+                                 cell["concurrency"], f"c{i}r{rep}")
+            out.timed_s += seconds
+            out.rows += [records.request_row(identity, cell, rep, r) for r in got]
+            if not server.alive():
+                out.reason = classify(tail(server.log_text(), 120), Reason.CRASHED)
+                out.detail = f"server {server.exit_detail()} during timed requests ({len(out.rows)} requests recorded)"
+                return out
+            if _timed_out(got) and http_status(ep.port, ep.engine.health_path, ep.host, 10.0, ep.headers) != 200:
+                out.reason = Reason.REQUEST_TIMEOUT
+                out.detail = (f"request deadline of {cfg['timeouts']['request_s']:g} s passed and the server no "
+                              f"longer answers {ep.engine.health_path} (hung); {len(out.rows)} requests recorded")
+                return out
+    if not any(r["ok"] for r in out.rows):
+        errors = sorted({str(r["error"]) for r in out.rows})[:3]
+        out.reason, out.detail = Reason.REQUESTS_FAILED, f"no request succeeded: {'; '.join(errors)}"
+    return out

@@ -1,0 +1,192 @@
+"""The results contract, defined once: the fields of `requests.jsonl`, `status.json` and `config.json`,
+what a cell is, and the progress events. The agent writes through it, the collector reads through it,
+and the JSON Schemas under `schemas/` are generated from it (`python -m agent schemas`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Mapping, Sequence
+
+SCHEMA_VERSION = 1
+# A cell within a config: one prompt workload at one length, context and concurrency.
+CELL = ("workload", "max_tokens", "context_tokens", "concurrency")
+# What a request row carries of its config, so each row pairs with its baseline on its own.
+IDENTITY = ("host", "config_id", "method", "method_params", "tp", "engine", "model", "phase")
+
+
+class Event(str, Enum):
+    """The agent's progress events (`events.jsonl`), followed by the controller as they happen."""
+
+    SUITE_START = "suite_start"
+    LEFTOVER_UNIT_STOPPED = "leftover_unit_stopped"
+    CONFIG_KEPT = "config_kept"
+    CONFIG_START = "config_start"
+    CONFIG_READY = "config_ready"
+    CONFIG_END = "config_end"
+    SUITE_END = "suite_end"
+
+
+class Outcome(str, Enum):
+    """A config's `status`."""
+
+    OK = "ok"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a record: its JSON types (`"null"` among them when it may be null), whether every
+    record has it, and what it means."""
+
+    name: str
+    types: tuple[str, ...]
+    required: bool
+    doc: str
+
+
+def _f(name: str, types: str, doc: str, required: bool = True) -> Field:
+    return Field(name, tuple(types.split("|")), required, doc)
+
+
+REQUEST = (
+    _f("host", "string", "inventory host name"),
+    _f("config_id", "string", "the config's folder name"),
+    _f("method", "string", "autoregressive for the baseline, else the speculative method"),
+    _f("method_params", "object", "the method's parameters, {} for the baseline"),
+    _f("tp", "integer", "tensor-parallel size"),
+    _f("engine", "string", "vllm or sglang", required=False),
+    _f("model", "string", "the served model name", required=False),
+    _f("phase", "string", "the phase the config belongs to", required=False),
+    _f("workload", "string", "prompt id"),
+    _f("max_tokens", "integer", "requested output length"),
+    _f("context_tokens", "integer", "target prompt length in tokens, 0 for the plain prompt"),
+    _f("concurrency", "integer", "requests in flight together"),
+    _f("rep", "integer", "repetition index, from 0"),
+    _f("slot", "integer", "which of the concurrent requests", required=False),
+    _f("started_at", "string", "when the request was sent (UTC, ISO 8601)", required=False),
+    _f("prompt_tokens", "integer|null", "prompt tokens, from the server's usage", required=False),
+    _f("completion_tokens", "integer|null", "output tokens, from the server's usage", required=False),
+    _f("ttft_s", "number|null", "seconds to the first content-bearing chunk", required=False),
+    _f("e2e_s", "number|null", "seconds from send to the last byte", required=False),
+    _f("output_tok_s", "number|null", "completion_tokens / e2e_s", required=False),
+    _f("decode_tok_s", "number|null", "(completion_tokens - 1) / (e2e_s - ttft_s)", required=False),
+    _f("itl_mean_s", "number|null", "mean inter-token latency", required=False),
+    _f("itl_p50_s", "number|null", "median inter-token latency", required=False),
+    _f("chunks", "integer", "stream chunks received (not tokens)", required=False),
+    _f("finish_reason", "string|null", "the server's finish reason", required=False),
+    _f("accept_length", "number|null", "mean accepted tokens per verify step, null for the baseline",
+       required=False),
+    _f("ok", "boolean", "false when the request errored"),
+    _f("error", "string|null", "the error when not ok", required=False),
+)
+
+STATUS = (
+    _f("config_id", "string", "the config's folder name"),
+    _f("status", "string", "ok, failed or skipped"),
+    _f("reason", "string|null", "the classified failure reason (README: Failure reasons), null when ok"),
+    _f("detail", "string|null", "the failure in words, secrets removed"),
+    _f("config_digest", "string", "what the config measures; a kept result must match it"),
+    _f("log_tail", "string", "the end of server.log, secrets removed"),
+    _f("started_at", "string", "UTC, ISO 8601"),
+    _f("finished_at", "string", "UTC, ISO 8601"),
+    _f("ready_s", "number|null", "seconds from launch to a healthy server"),
+    _f("requests", "integer", "request rows written"),
+    _f("requests_ok", "integer", "of those, ok"),
+    _f("port", "integer", "the server's port", required=False),
+    _f("timed_s", "number", "seconds spent in timed requests", required=False),
+    _f("stop_s", "number", "seconds the stop took", required=False),
+    _f("wall_s", "number", "seconds for the whole config", required=False),
+    _f("survivors", "array", "processes that outlived the server and were killed", required=False),
+    _f("unsupported_flags", "array", "flags the installed engine does not know", required=False),
+)
+
+CONFIG = (
+    _f("config_id", "string", "the config's folder name"),
+    _f("phase", "string", "the phase it belongs to"),
+    _f("host", "string", "inventory host name"),
+    _f("engine", "string", "vllm or sglang"),
+    _f("engine_version", "string|null", "the installed engine's version"),
+    _f("model", "object", "name, path, revision, max_model_len"),
+    _f("draft_model", "object|null", "the drafter, for methods that need one"),
+    _f("method", "string", "autoregressive or the speculative method"),
+    _f("method_params", "object", "the method's parameters"),
+    _f("tp", "integer", "tensor-parallel size"),
+    _f("server_args", "array", "extra server arguments"),
+    _f("sampling", "object", "temperature, ignore_eos"),
+    _f("warmup_max_tokens", "integer", "output length of the untimed warmup request"),
+    _f("cells", "array", "the cells measured: workload, max_tokens, context_tokens, concurrency, repetitions"),
+    _f("requests", "integer", "timed requests planned"),
+    _f("command", "array", "the exact launch command, secrets redacted"),
+    _f("environment", "object", "the config's environment, secrets redacted"),
+    _f("timeouts", "object", "health_s, request_s, stop_s, release_s", required=False),
+    _f("estimate_s", "number", "the plan's time estimate", required=False),
+)
+
+RECORDS: dict[str, tuple[Field, ...]] = {"requests.jsonl": REQUEST, "status.json": STATUS, "config.json": CONFIG}
+_PY = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "object": dict, "array": list,
+       "null": type(None)}
+
+
+_WORDS = {"string": "a string", "integer": "an integer", "number": "a finite number", "boolean": "a boolean",
+          "object": "an object", "array": "a list", "null": "null"}
+
+
+def _is(value: Any, kind: str) -> bool:
+    if kind in ("integer", "number") and isinstance(value, bool):
+        return False
+    if kind == "number" and isinstance(value, float) and not math.isfinite(value):
+        return False
+    return isinstance(value, _PY[kind])
+
+
+def problem(obj: Any, fields: Sequence[Field]) -> str | None:
+    """The first way `obj` breaks the record's fields, in words; None when it keeps them."""
+    if not isinstance(obj, dict):
+        return f"not a JSON object (got {type(obj).__name__})"
+    for f in fields:
+        if f.name not in obj:
+            if f.required:
+                return f"missing field {f.name!r}"
+            continue
+        value = obj[f.name]
+        if not any(_is(value, t) for t in f.types):
+            return f"field {f.name!r} should be {' or '.join(_WORDS[t] for t in f.types)}, got {value!r}"[:300]
+    return None
+
+
+def request_problem(row: Any, config_id: str) -> str | None:
+    """What is wrong with one line of a config's requests.jsonl, or None."""
+    why = problem(row, REQUEST)
+    if why:
+        return why
+    if row["ok"] and not _is(row.get("output_tok_s"), "number"):
+        return "ok request without output_tok_s"
+    if row["config_id"] != config_id:
+        return f"config_id {row['config_id']!r} is not its folder's ({config_id!r})"
+    return None
+
+
+def request_row(identity: Mapping[str, Any], cell: Mapping[str, Any], rep: int,
+                measured: Mapping[str, Any]) -> dict[str, Any]:
+    """One line of requests.jsonl: the config's identity, the cell, the repetition and the measurement."""
+    return {**{k: identity[k] for k in IDENTITY}, **{k: cell[k] for k in CELL}, "rep": rep, **measured}
+
+
+def cell_key(obj: Mapping[str, Any]) -> tuple[Any, ...]:
+    """A cell's key within a config, from a cell or a request row."""
+    return tuple(obj.get(k) for k in CELL)
+
+
+def json_schema(name: str) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of one record file, from its fields."""
+    fields = RECORDS[name]
+    props = {f.name: {"type": list(f.types) if len(f.types) > 1 else f.types[0], "description": f.doc}
+             for f in fields}
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$id": f"https://specfleet.dev/schemas/v{SCHEMA_VERSION}/{name}.schema.json",
+            "title": f"{name} (one {'line' if name.endswith('.jsonl') else 'file'} per config)",
+            "type": "object", "required": [f.name for f in fields if f.required], "properties": props,
+            "additionalProperties": True}
