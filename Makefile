@@ -7,7 +7,7 @@ WHEELHOUSE := .cache/wheelhouse
 BIN := $(VENV)/bin
 PIP_ARGS ?=
 
-.PHONY: demo test unit integration lint venv engine models wheelhouse host-deps testhosts testhosts-down clean
+.PHONY: demo test test-fast lint venv engine models wheelhouse host-deps testhosts testhosts-down clean
 
 demo: venv engine models
 	$(BIN)/ansible-playbook bench.yml -l local $(if $(RUN_ID),-e run_id=$(RUN_ID))
@@ -16,11 +16,9 @@ test: host-deps venv engine models wheelhouse
 	$(BIN)/python -m pytest -rfEs --durations=25 tests
 	$(MAKE) lint
 
-unit: venv
-	$(BIN)/python -m pytest tests/unit
-
-integration: venv engine models wheelhouse
-	$(BIN)/python -m pytest tests/integration
+# What is not slow (no engine, no test hosts, no role runs): a minute or two.
+test-fast: venv
+	$(BIN)/python -m pytest -m "not slow" -rfEs tests
 
 lint: venv
 	$(BIN)/yamllint -s .

@@ -35,6 +35,10 @@ def plain(obj: Any) -> Any:
     return obj
 
 
+def _scalar(value: Any) -> bool:
+    return isinstance(value, (str, int, float)) and not isinstance(value, bool) and str(value) != ""
+
+
 def split(suite: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     """(the suite with placeholders, {placeholder: value}); deterministic for a given suite."""
     hidden = plain(suite)
@@ -56,8 +60,8 @@ def split(suite: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
         env = owner.get("env")
         if isinstance(env, dict):
             for k, v in env.items():
-                if SECRET_KEY.search(str(k)) and isinstance(v, str) and v:
-                    env[k] = hide(v)
+                if SECRET_KEY.search(str(k)) and _scalar(v):  # a number is a secret too (`HF_TOKEN: 1234...`)
+                    env[k] = hide(str(v))
         args = owner.get("server_args")
         if isinstance(args, list):
             for i, a in enumerate(args):

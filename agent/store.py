@@ -11,7 +11,8 @@ from typing import Any, Iterable
 
 from .records import Event
 
-SECRET_KEY = re.compile(r"(TOKEN|SECRET|PASSWORD|API_?KEY|CREDENTIAL)", re.I)
+# TOKENIZERS_PARALLELISM and friends name no secret
+SECRET_KEY = re.compile(r"(TOKEN(?!IZER)|SECRET|PASSWORD|API_?KEY|CREDENTIAL)", re.I)
 SECRET_FLAGS = ("--api-key", "--hf-token", "--token")
 REDACTED = "<redacted>"
 
@@ -58,7 +59,7 @@ def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
 def read_json(path: Path) -> Any | None:
     try:
         return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
         return None
 
 
@@ -93,8 +94,9 @@ def secret_values(env: dict[str, str], argv: list[str]) -> list[str]:
 
 
 def scrub(text: str, secrets: Iterable[str]) -> str:
-    """Remove secret values from free text (logs, details)."""
-    for s in secrets:
+    """Remove secret values from free text (logs, details); the longest first, so that a secret that begins
+    another leaves nothing of it behind."""
+    for s in sorted(set(secrets), key=len, reverse=True):
         if s and len(s) >= 4:
             text = text.replace(s, REDACTED)
     return text

@@ -1,6 +1,50 @@
-"""Shared test paths."""
+"""Shared test paths, and the markers that say what a test needs and costs, set here by where it lives:
+
+- `playbook`: runs the real ansible-playbook (tests/playbooks, tests/plugins, the role runs in tests/roles);
+- `slow`: minutes — the real CPU engine, test hosts or containers (tests/playbooks, tests/hosts, the role runs);
+- `testhosts`: the systemd-nspawn test hosts (root); `gpu`: a real NVIDIA GPU (tests/gpu).
+
+`make test-fast` runs what is not slow; `make test` runs everything and lists the slowest tests.
+"""
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
+ROLE_RUNS = {"test_container_roles_render.py", "test_gpu_smoke_check_mode.py", "test_lxc_passthrough.py",
+             "test_pve_passthrough.py"}
+TESTHOSTS = {"test_testhosts_suite.py", "test_provision_hosts.py", "test_testhosts.py"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        path = Path(str(item.fspath))
+        folder = path.parent.name
+        if folder in ("playbooks", "plugins") or path.name in ROLE_RUNS:
+            item.add_marker(pytest.mark.playbook)
+        if folder in ("playbooks", "hosts") or path.name in ROLE_RUNS:
+            item.add_marker(pytest.mark.slow)
+        if path.name in TESTHOSTS:
+            item.add_marker(pytest.mark.testhosts)
+        if folder == "gpu":
+            item.add_marker(pytest.mark.gpu)
+
+
+_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    folder = str(Path(report.nodeid.split("::")[0]).parent)
+    _SECONDS[folder] = _SECONDS.get(folder, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Where the run's time went, by test folder (setup, call and teardown together)."""
+    if not _SECONDS:
+        return
+    terminalreporter.section("time by folder")
+    total = sum(_SECONDS.values())
+    for folder, seconds in sorted(_SECONDS.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{seconds / 60:7.1f} min  {100 * seconds / total:5.1f}%  {folder}")

@@ -12,6 +12,7 @@ from tests.readme import README, ROOT, commands
 COVERED: dict[str, list[str]] = {
     "make demo": ["tests/playbooks/test_readme_local.py::demo"],
     "make test": [".ci/run"],  # CI's whole run; it cannot run inside itself
+    "make test-fast": ["tests/playbooks/test_readme_local.py::test_make_test_fast_runs_the_tests_not_marked_slow"],
     ". .venv/bin/activate": ["tests/readme.py::typed"],  # sourced before every command after it
     "ansible-playbook bench.yml -l local --check": ["tests/playbooks/test_readme_local.py::"
                                                     "test_check_mode_starts_nothing"],

@@ -51,3 +51,27 @@ def test_expanded_configs_carry_the_documented_timeouts_and_sampling() -> None:
 def test_unit_template_takes_the_stop_deadline_from_the_matrix() -> None:
     text = (ROLE / "templates/engine@.service.j2").read_text()
     assert "bench_defaults('timeouts')" in text and "default(60)" not in text
+
+
+SPEC_TYPES = {"integer": "int", "number": "float", "string": "str", "boolean": "bool", "array": "list",
+              "object": "dict"}
+
+
+def test_the_role_passes_exactly_the_matrix_keys() -> None:
+    """vars/main.yml maps each bench_* variable of the matrix, and nothing else, into the suite."""
+    suite = yaml.safe_load((ROLE / "vars/main.yml").read_text())["_bench_suite"]
+    assert set(suite) == set(matrix.SCHEMA["properties"])
+    for key, value in suite.items():
+        assert f"bench_{key}" in value, (key, value)
+
+
+def test_argument_specs_declare_every_matrix_variable_with_its_schema_type() -> None:
+    options: dict = {}
+    for entry in yaml.safe_load((ROLE / "meta/argument_specs.yml").read_text())["argument_specs"].values():
+        options.update(entry.get("options") or {})
+    for key, schema in matrix.SCHEMA["properties"].items():
+        spec = options[f"bench_{key}"]
+        kinds = schema.get("type", "string" if "enum" in schema else None)
+        kinds = [kinds] if isinstance(kinds, str) else [k for k in kinds if k != "null"]
+        allowed = {SPEC_TYPES[k] for k in kinds} | ({"raw"} if len(kinds) > 1 or "null" in str(schema) else set())
+        assert spec["type"] in allowed | {"raw"}, (key, spec["type"], kinds)

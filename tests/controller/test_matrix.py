@@ -11,9 +11,7 @@ import yaml
 from controller import matrix
 
 ROOT = Path(__file__).resolve().parents[2]
-SUITE_KEYS = ("suite_name", "engine", "engine_python", "engine_patches", "model", "draft_model", "gpu_count",
-              "bind_host", "server_args", "env", "sampling", "repetitions", "max_tokens", "warmup_max_tokens",
-              "workloads", "timeouts", "estimate", "phases")
+SUITE_KEYS = tuple(matrix.SCHEMA["properties"])  # every bench_* variable of the matrix, from its one definition
 
 
 def suite_from_host_vars(host: str) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Unit tests for controller/passthrough.py (the filters of plugins/filter/nvidia.py) on real captures from an H200 host (tests/fixtures/nvidia-h200)."""
+"""Unit tests for controller/passthrough.py (the filters of plugins/filter/nvidia.py) on real captures from an H200
+host (tests/fixtures/nvidia-h200)."""
 from __future__ import annotations
 
 import re

@@ -5,15 +5,16 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
+from tests import playbook
+
+ROOT = playbook.ROOT
+BIN = playbook.BIN
 ENGINE_PY = ROOT / ".cache/engine-venv/bin/python"
 MODELS = ROOT / ".cache/models"
 
@@ -43,22 +44,15 @@ class Bench:
         path.write_text(yaml.safe_dump({**own, **extra}))
         return path
 
-    def command(self, extra: dict[str, Any], *args: str, limit: str = "local") -> list[str]:
-        return [str(BIN / "ansible-playbook"), "bench.yml", "-l", limit, "-e",
-                f"@{self.vars_file(extra, limit == 'local')}", *args]
-
-    def env(self) -> dict[str, str]:
-        return {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", "ANSIBLE_NOCOLOR": "1",
-                "ANSIBLE_FORCE_COLOR": "0", "PYTHONUNBUFFERED": "1"}
+    def args(self, extra: dict[str, Any], *args: str, limit: str = "local") -> list[str]:
+        return ["bench.yml", "-l", limit, "-e", f"@{self.vars_file(extra, limit == 'local')}", *args]
 
     def run(self, extra: dict[str, Any], *args: str, limit: str = "local",
             timeout: float = 900) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(self.command(extra, *args, limit=limit), cwd=ROOT, env=self.env(),
-                              capture_output=True, text=True, timeout=timeout)
+        return playbook.play(self.args(extra, *args, limit=limit), timeout=timeout).proc
 
     def start(self, extra: dict[str, Any], *args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(self.command(extra, *args), cwd=ROOT, env=self.env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+        return playbook.start(self.args(extra, *args))
 
     def host_run(self, run_id: str) -> Path:
         return self.host_dir / "results" / run_id / "local"

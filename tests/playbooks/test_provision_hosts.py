@@ -64,10 +64,10 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
+from tests import playbook
 from tests.builders import git, make_sglang_source, make_wheel
 from tests.hosts.testhosts import TestHosts
-
-from tests.roles.harness import BIN, PVE_CT200_CONF, ROOT, ansible_env
+from tests.roles.harness import PVE_CT200_CONF, ROOT
 
 STATE = ROOT / ".work/testhosts-prov"
 BRIDGE, SUBNET, GATEWAY = "sfbr1", "10.99.1.0/24", "10.99.1.1"
@@ -342,14 +342,11 @@ class World:
     def play(self, *playbooks: str, check: bool = False, args: tuple[str, ...] = ()) -> Run:
         self.runs += 1
         record = self.folder / f"record-{self.runs}.json"
-        cmd = [str(BIN / "ansible-playbook"), "-i", str(self.inventory), *playbooks, *SKIP, *args]
-        cmd += ["--check"] if check else []
-        env = ansible_env({"ANSIBLE_CALLBACK_PLUGINS": str(ROOT / "tests/container_roles/callback_plugins"),
-                           "ANSIBLE_CALLBACKS_ENABLED": "record_results", "RECORD_RESULTS": str(record),
-                           "ANSIBLE_LOCAL_TEMP": str(self.folder / "ansible-tmp")})
-        t0 = time.monotonic()
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-        run = Run(proc, record, time.monotonic() - t0)
+        played = playbook.play(["-i", str(self.inventory), *playbooks, *SKIP, *args, *(["--check"] if check else [])],
+                               env={"ANSIBLE_CALLBACK_PLUGINS": str(ROOT / "tests/container_roles/callback_plugins"),
+                                    "ANSIBLE_CALLBACKS_ENABLED": "record_results", "RECORD_RESULTS": str(record),
+                                    "ANSIBLE_LOCAL_TEMP": str(self.folder / "ansible-tmp")}, timeout=600)
+        run = Run(played.proc, record, played.seconds)
         (self.folder / f"run-{self.runs}.log").write_text(run.out)
         print(f"{' '.join(playbooks)}{' --check' if check else ''}: {run.seconds:.0f} s, "
               f"changed by role {dict(run.changed_by_role())}")

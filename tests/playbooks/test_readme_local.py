@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+import jsonschema
 import pytest
 
 from tests.readme import ROOT, resolves, typed
@@ -119,6 +120,31 @@ def test_the_demo_results_follow_the_contract(demo: Demo) -> None:
             assert (r["accept_length"] is None) == (cid == "tp1-autoregressive")
             assert r["output_tok_s"] == pytest.approx(r["completion_tokens"] / r["e2e_s"])
         assert {(r["concurrency"], r["rep"]) for r in rows} == {(c, k) for c in (1, 4) for k in range(3)}
+
+
+def test_the_demo_records_validate_against_the_published_schemas(demo: Demo) -> None:
+    """Every status.json, config.json and requests.jsonl line of the demo against schemas/ (the contract as
+    published), with no field beyond the ones the records module defines."""
+    schemas = {name: jsonschema.Draft202012Validator(json.loads((ROOT / f"schemas/{name}.schema.json").read_text()))
+               for name in ("status.json", "config.json", "requests.jsonl")}
+    for cid in CONFIGS:
+        d = demo.run_dir / "local" / cid
+        for name in ("status.json", "config.json"):
+            record = json.loads((d / name).read_text())
+            schemas[name].validate(record)
+            assert set(record) <= set(schemas[name].schema["properties"]), (name, set(record))
+        for line in (d / "requests.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            schemas["requests.jsonl"].validate(row)
+            assert set(row) == set(schemas["requests.jsonl"].schema["properties"]), set(row)
+
+
+def test_make_test_fast_runs_the_tests_not_marked_slow() -> None:
+    res = typed("make test-fast", timeout=1500)
+    assert res.returncode == 0, res.stdout[-4000:]
+    summary = res.stdout.strip().splitlines()[-1]
+    assert re.search(r"\d+ passed", summary) and "deselected" in summary, summary
+    assert not re.search(r"\b\d+ (failed|errors?)\b", summary), summary
 
 
 @pytest.mark.parametrize("fmt", ["md", "csv", "json"])

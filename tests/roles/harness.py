@@ -2,14 +2,12 @@
 
 `run_role` writes a run folder with its own inventory (one host, this interpreter), a play with the role, the
 variables as an extra-vars file, and a post task that keeps a fact of the role's for the test; it returns the
-process, that fact and the host's recap counts. `ansible_env` is the environment every test run of ansible-playbook
-uses (this venv's ansible first on PATH, no colours).
+process, that fact and the host's recap counts; the run itself goes through `tests.playbook.play`.
 """
 from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -18,8 +16,10 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
+from tests import playbook
+from tests.playbook import ROOT, ansible_env  # noqa: F401  (ansible_env: for the role tests)
+
+BIN = playbook.BIN
 # /etc/pve/lxc/200.conf of a container before any passthrough (the pct stand-in serves it)
 PVE_CT200_CONF = """\
 arch: amd64
@@ -31,13 +31,6 @@ ostype: ubuntu
 rootfs: local-lvm:vm-200-disk-0,size=200G
 swap: 0
 """
-
-
-def ansible_env(extra: Mapping[str, str] | None = None, path: Sequence[os.PathLike[str] | str] = ()) -> dict[str, str]:
-    """This process's environment with `path` then this venv's bin first on PATH and colour off, plus `extra`."""
-    search = [str(p) for p in path] + [str(BIN), os.environ.get("PATH", "")]
-    return {**os.environ, "PATH": ":".join(search), "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0",
-            "ANSIBLE_RETRY_FILES_ENABLED": "0", **(extra or {})}
 
 
 @dataclass
@@ -70,7 +63,7 @@ def run_role(run_dir: Path, role: str, host: str, variables: Mapping[str, Any], 
     returned as `result` ({} when the role did not set it). `env` and `path` go to ansible_env.
     """
     run_dir.mkdir(parents=True)
-    inventory, play, extra = run_dir / "inventory.yml", run_dir / "play.yml", run_dir / "vars.yml"
+    inventory, play_file, extra = run_dir / "inventory.yml", run_dir / "play.yml", run_dir / "vars.yml"
     result_file = run_dir / "result.json"
     inventory.write_text(yaml.safe_dump({"all": {"hosts": {host: {
         "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))
@@ -79,15 +72,12 @@ def run_role(run_dir: Path, role: str, host: str, variables: Mapping[str, Any], 
         post_tasks.append({"name": "Keep the role's result for the test", "ansible.builtin.copy": {
             "content": f"{{{{ {result_var} | to_nice_json }}}}", "dest": str(result_file), "mode": "0644"},
             "check_mode": False, "changed_when": False, "when": f"{result_var} is defined"})
-    play.write_text(yaml.safe_dump([{"name": f"Role {role}", "hosts": host, "gather_facts": False,
+    play_file.write_text(yaml.safe_dump([{"name": f"Role {role}", "hosts": host, "gather_facts": False,
                                      "roles": [{"role": role}], "post_tasks": post_tasks}], sort_keys=False))
     extra.write_text(yaml.safe_dump(dict(variables)))
-    full_env = ansible_env({"ANSIBLE_FILTER_PLUGINS": str(ROOT / "plugins" / "filter"),
-                            "ANSIBLE_ROLES_PATH": str(ROOT / "roles"), "ANSIBLE_LOCAL_TEMP": str(run_dir / "tmp"),
-                            **(env or {})}, path)
-    proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), str(play), "-e", f"@{extra}", *args],
-                          cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+    run = playbook.play(["-i", str(inventory), str(play_file), "-e", f"@{extra}", *args],
+                        env={"ANSIBLE_FILTER_PLUGINS": str(ROOT / "plugins" / "filter"),
+                             "ANSIBLE_ROLES_PATH": str(ROOT / "roles"), "ANSIBLE_LOCAL_TEMP": str(run_dir / "tmp"),
+                             **(env or {})}, path=path, timeout=timeout)
     result = json.loads(result_file.read_text()) if result_file.exists() else {}
-    recap = re.search(rf"^{re.escape(host)}\s*:\s*((?:\w+=\d+\s*)+)$", proc.stdout, re.MULTILINE)
-    counts = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", recap.group(1))} if recap else {}
-    return RoleRun(proc, result, counts)
+    return RoleRun(run.proc, result, run.recap(host))

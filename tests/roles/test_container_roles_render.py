@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import stat
 import subprocess
@@ -35,10 +34,10 @@ from typing import Any
 import pytest
 import yaml
 
+from tests import playbook
 from tests.builders import SPEC_PY, git, make_sglang_source, make_wheel
 from tests.conftest import ROOT
 
-BIN = Path(sys.executable).parent
 WHEELHOUSE = ROOT / ".cache/wheelhouse"
 HOST = "ct"
 
@@ -78,14 +77,12 @@ def play(tmp: Path, role: str, extra: dict[str, Any], *args: str, check: bool = 
     vars_file = tmp / f"vars-{n}.yml"
     vars_file.write_text(yaml.safe_dump(extra))
     record = tmp / f"results-{n}.json"
-    cmd = [str(BIN / "ansible-playbook"), "-i", str(inventory), f"tests/container_roles/{role}.yml",
-           "-e", f"@{vars_file}", *args] + (["--check"] if check else [])
-    full_env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", "ANSIBLE_NOCOLOR": "1",
-                "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_RETRY_FILES_ENABLED": "0",
-                "ANSIBLE_CALLBACK_PLUGINS": str(ROOT / "tests/container_roles/callback_plugins"),
-                "ANSIBLE_CALLBACKS_ENABLED": "record_results", "RECORD_RESULTS": str(record), **(env or {})}
-    proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=600)
-    return Run(proc, record)
+    played = playbook.play(["-i", str(inventory), f"tests/container_roles/{role}.yml", "-e", f"@{vars_file}", *args,
+                            *(["--check"] if check else [])],
+                           env={"ANSIBLE_CALLBACK_PLUGINS": str(ROOT / "tests/container_roles/callback_plugins"),
+                                "ANSIBLE_CALLBACKS_ENABLED": "record_results", "RECORD_RESULTS": str(record),
+                                **(env or {})}, timeout=600)
+    return Run(played.proc, record)
 
 
 def sha256(path: Path) -> str:
@@ -99,9 +96,8 @@ ROLES = ["nvidia_userspace", "cuda_toolkit", "flash_attn", "sglang", "model_weig
 def test_syntax_check(role: str, tmp_path: Path) -> None:
     inventory = tmp_path / "inventory.ini"
     inventory.write_text(f"{HOST} ansible_connection=local\n")
-    proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), "--syntax-check",
-                           f"tests/container_roles/{role}.yml"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    proc = playbook.play(["-i", str(inventory), "--syntax-check", f"tests/container_roles/{role}.yml"],
+                         timeout=120).proc
     assert proc.returncode == 0 and f"playbook: tests/container_roles/{role}.yml" in proc.stdout, proc.stderr
 
 

@@ -3,26 +3,21 @@ facts and CUDA checks are reported, not failed (in provision.yml --check the dri
 installed yet when it runs); a real run fails on them."""
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests import playbook
 
-BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a GPU machine: tests/gpu runs there")
 
 
 def smoke(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", "ANSIBLE_NOCOLOR": "1"}
-    return subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local",
-                           "tests/gpu/smoke.yml", "-e", f"ansible_python_interpreter={sys.executable}",
-                           "-e", "gpu_smoke_python=/no/such/python", *args],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    return playbook.play(["-i", "localhost,", "-c", "local", "tests/gpu/smoke.yml",
+                          "-e", f"ansible_python_interpreter={sys.executable}",
+                          "-e", "gpu_smoke_python=/no/such/python", *args], timeout=300).proc
 
 
 def test_check_mode_reports_the_gpu_checks_instead_of_failing() -> None:
