@@ -88,7 +88,8 @@ def config_digest(cfg: Mapping[str, Any]) -> str:
     """Identifies what a config measures; a kept result must have been made by the same config
     (secrets aside: a new token does not invalidate a result)."""
     keep = {k: v for k, v in cfg.items() if k not in ("estimate_s", "timeouts")}
-    keep.update(env=redact_env(cfg.get("env", {})), command=redact_argv(cfg.get("command", [])))
+    keep.update(env=redact_env(cfg.get("env", {})), command=redact_argv(cfg.get("command", [])),
+                server_args=redact_argv(cfg.get("server_args", [])))
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -217,9 +218,10 @@ def record(host: Host, cfg: Mapping[str, Any], result: Result, folder: Path, sta
     incomplete); the status written."""
     log = folder / "server.log"
     if not log.exists():
-        log.write_text(f"[specfleet] server not started: {result.detail}\n")
+        log.write_text(f"[specfleet] server not started: {scrub(result.detail or '', secrets)}\n")
     config = {k: v for k, v in cfg.items() if k not in ("command", "env", "prompts")}
     config.update(command=redact_argv(result.argv or cfg["command"]), environment=redact_env(cfg["env"]),
+                  server_args=redact_argv(cfg.get("server_args", [])),
                   host=host.store.host, engine_version=host.engine_info.get("version"))
     write_json(folder / "config.json", config)
     write_jsonl(folder / "requests.jsonl", result.rows)

@@ -1,0 +1,613 @@
+"""One config on this host, step by step: its digest, the engine's flags read from a real `--help`, the
+preflight, the results folder and its records, and `serve` against a real HTTP server (a fake vLLM
+written below, run as the engine's Python: it answers `--help`, the fingerprint's probes, `/health`,
+`/tokenize` and the streamed `/v1/completions` in vLLM's format).
+
+The stand-in is here for what the real CPU engine cannot do on demand in seconds: die at startup with a chosen
+message (an out-of-memory line, an unknown flag), print planted secrets, answer for a unit test. The same steps
+with the real vLLM engine run in tests/playbooks (the demo, the fault matrix, the hardening cases)."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import pytest
+
+from agent import records
+from agent.classify import Reason
+from agent.client import Measurement
+from agent.config import (
+    Host,
+    Result,
+    config_digest,
+    engine_flags,
+    fresh_folder,
+    preflight,
+    record,
+    run_config,
+    serve,
+    skip,
+    unknown_flags,
+)
+from agent.engines import ENGINES, PORT
+from agent.records import Event, Outcome
+from agent.server import port_in_use
+from agent.store import REDACTED, HostStore, now_iso, read_json
+from controller import matrix
+
+DATA = Path(__file__).parent / "data"
+VLLM = ENGINES["vllm"]
+ENGINE_VERSION = "0.99.0+fake"
+HF_TOKEN = "hf_TESTSECRET0f1e2d3c4b5a69788"
+API_KEY = "sk-TESTSECRET-a1b2c3d4e5f60718"
+SECRETS = (HF_TOKEN, API_KEY)
+HOST = "gpu-test-1"
+INVOCATION = "inv-test"
+# Every flag the rendered vLLM commands of `suite()` use.
+FLAGS = ("--help", "--model", "--served-model-name", "--host", "--port", "--tensor-parallel-size",
+         "--speculative-config", "--per-request-spec-decode-metrics")
+CONTEXT = 48
+MAX_TOKENS = 8
+
+# The fake engine. The header written before it sets VERSION, HELP, HELP_RC and CRASH.
+ENGINE_BODY = r'''
+import http.server, json, os, sys, time
+
+argv = sys.argv[1:]
+if argv[:1] == ["-c"]:  # the fingerprint's probes: the engine distribution's version, the Python version
+    if "importlib.metadata" in argv[1]:
+        print("vllm", VERSION, "-")
+    else:
+        exec(argv[1])
+    sys.exit(0)
+if "--help" in argv:
+    sys.stdout.write(HELP)
+    sys.exit(HELP_RC)
+
+
+def opt(name, default=None):
+    return argv[argv.index(name) + 1] if name in argv else default
+
+
+port = int(opt("--port"))
+key = os.environ.get("VLLM_API_KEY", "")
+print("fake-vllm starting:", " ".join(argv), flush=True)
+# engines log what they were given: the agent must scrub it from server.log
+print("fake-vllm secrets:", {k: v for k, v in os.environ.items() if "TOKEN" in k or "KEY" in k}, flush=True)
+if CRASH:
+    time.sleep(0.3)
+    print(CRASH, file=sys.stderr, flush=True)
+    sys.exit(1)
+spec = "--speculative-config" in argv
+
+
+def tokenize(text, special=True):
+    return [0] * bool(special) + [1 + sum(map(ord, w)) % 997 for w in text.split()]
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def reply(self, code, obj):
+        data = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def send_event(self, data):
+        self.wfile.write(b"data: " + data + b"\n\n")
+        self.wfile.flush()
+
+    def do_GET(self):
+        if self.path == "/health":
+            self.reply(200, {})
+        else:
+            self.reply(404, {"error": "not found"})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        if key and self.headers.get("Authorization") != "Bearer " + key:
+            return self.reply(401, {"error": "Unauthorized"})
+        if self.path == "/tokenize":
+            ids = tokenize(body["prompt"], body.get("add_special_tokens", True))
+            return self.reply(200, {"tokens": ids, "count": len(ids), "max_model_len": 4096})
+        if self.path != "/v1/completions":
+            return self.reply(404, {"error": "not found"})
+        prompt, n = body["prompt"], body["max_tokens"]
+        ids = prompt if isinstance(prompt, list) else tokenize(prompt)
+        print("fake-vllm completion: prompt_tokens", len(ids), "max_tokens", n, flush=True)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        base = {"id": "cmpl-fake", "object": "text_completion", "created": int(time.time()), "model": body["model"]}
+        done = 0
+        while done < n:
+            k = min(2 if spec and done else 1, n - done)  # speculation: several tokens in one chunk
+            time.sleep(0.002)
+            choice = {"index": 0, "text": " tok" * k, "logprobs": None,
+                      "finish_reason": "length" if done + k == n else None, "stop_reason": None,
+                      "prompt_token_ids": None if done else ids, "token_ids": list(range(100 + done, 100 + done + k))}
+            self.send_event(json.dumps({**base, "choices": [choice]}).encode())
+            done += k
+        last = {**base, "choices": [],
+                "usage": {"prompt_tokens": len(ids), "total_tokens": len(ids) + n, "completion_tokens": n}}
+        if spec:
+            last["metrics"] = {"speculative_decoding": {"mean_acceptance_length": 2.0}}
+        self.send_event(json.dumps(last).encode())
+        self.send_event(b"[DONE]")
+
+    def log_message(self, fmt, *args):
+        print("fake-vllm request:", fmt % args, flush=True)
+
+
+server = http.server.ThreadingHTTPServer((opt("--host", "127.0.0.1"), port), Handler)
+print("fake-vllm listening on port", port, flush=True)
+server.serve_forever()
+'''
+
+
+def help_text(flags: Sequence[str]) -> str:
+    """An argparse-style `--help` naming these flags."""
+    opts = "".join(f"  {f} VALUE{' ' * (36 - len(f))}the {f[2:]} setting\n" for f in flags if f != "--help")
+    return f"usage: api_server.py [-h] [options]\n\noptions:\n  -h, --help{' ' * 30}show this help\n{opts}"
+
+
+def write_engine(folder: Path, flags: Sequence[str] = FLAGS, help_out: Optional[str] = None, help_rc: int = 0,
+                 crash: str = "") -> str:
+    """An executable standing in for the engine's Python (see ENGINE_BODY); its path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "fake-vllm-python"
+    header = (f"#!{sys.executable}\nVERSION = {ENGINE_VERSION!r}\nHELP = {help_out or help_text(flags)!r}\n"
+              f"HELP_RC = {help_rc!r}\nCRASH = {crash!r}\n")
+    path.write_text(header + ENGINE_BODY)
+    path.chmod(0o755)
+    return str(path)
+
+
+def suite(python: str, **over: Any) -> Dict[str, Any]:
+    """A small vLLM suite: one phase, the baseline and ngram, plain and long-context cells at 1 and 2
+    concurrent requests, two repetitions; a token in the environment and an API key."""
+    s: Dict[str, Any] = {
+        "engine": "vllm", "engine_python": python, "model": {"name": "tiny", "path": "/models/tiny"},
+        "env": {"HF_TOKEN": HF_TOKEN}, "api_key": API_KEY, "repetitions": 2, "warmup_max_tokens": 4,
+        "timeouts": {"health_s": 30, "request_s": 30, "stop_s": 10, "release_s": 5},
+        "phases": [{"name": "tp1",
+                    "configs": [{"method": "autoregressive"}, {"method": "ngram", "num_speculative_tokens": 3}],
+                    "sweeps": [{"workloads": ["fib"], "max_tokens": [MAX_TOKENS], "context_tokens": [0, CONTEXT],
+                                "concurrency": [1, 2]}]}],
+    }
+    s.update(over)
+    return s
+
+
+def expanded(s: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Dict[str, Any]]]:
+    """(the suite with its defaults, as a plan carries it; its configs by id)."""
+    checked = matrix.validate(s)
+    return checked.suite, {c["config_id"]: c for c in matrix.expand(checked)}
+
+
+def make_host(root: Path, s: Dict[str, Any], **fields: Any) -> Host:
+    return Host(suite=s, engine=VLLM, store=HostStore(root, HOST, INVOCATION), **fields)
+
+
+def setup(tmp_path: Path, python: str, **over: Any) -> Tuple[Host, Dict[str, Dict[str, Any]]]:
+    full, configs = expanded(suite(python, **over))
+    return make_host(tmp_path / "results", full), configs
+
+
+def events(host: Host) -> List[Dict[str, Any]]:
+    path = host.store.dir / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def assert_no_secrets(folder: Path, *texts: str) -> None:
+    """No secret in any byte of any file under `folder`, nor in `texts`."""
+    files = [p for p in folder.rglob("*") if p.is_file()]
+    assert files
+    for p in files:
+        data = p.read_bytes()
+        for s in SECRETS:
+            assert s.encode() not in data, f"{s} written to {p}"
+    for t in texts:
+        for s in SECRETS:
+            assert s not in t
+
+
+def assert_contract(folder: Path, config_id: str) -> Tuple[Dict[str, Any], Dict[str, Any], List[Dict[str, Any]]]:
+    """config.json, requests.jsonl and status.json as the results contract defines them."""
+    config = json.loads((folder / "config.json").read_text())
+    status = json.loads((folder / "status.json").read_text())
+    rows = [json.loads(line) for line in (folder / "requests.jsonl").read_text().splitlines()]
+    assert records.problem(config, records.CONFIG) is None, records.problem(config, records.CONFIG)
+    assert records.problem(status, records.STATUS) is None, records.problem(status, records.STATUS)
+    for row in rows:
+        assert records.request_problem(row, config_id) is None, records.request_problem(row, config_id)
+    assert status["requests"] == len(rows) and status["requests_ok"] == sum(r["ok"] for r in rows)
+    assert config["config_id"] == status["config_id"] == config_id
+    return config, status, rows
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+# -- config_digest ------------------------------------------------------------------------------------
+def test_digest_is_stable_and_ignores_the_estimate_and_timeouts(tmp_path: Path) -> None:
+    _, configs = expanded(suite("/py"))
+    cfg = configs["tp1-ngram-k3"]
+    digest = config_digest(cfg)
+    assert len(digest) == 16 and int(digest, 16) >= 0
+    reordered = dict(reversed(list(copy.deepcopy(cfg).items())))
+    assert config_digest(reordered) == digest
+    _, again = expanded(suite("/py"))
+    assert config_digest(again["tp1-ngram-k3"]) == digest
+    changed = {**cfg, "estimate_s": cfg["estimate_s"] * 3,
+               "timeouts": {"health_s": 1, "request_s": 2, "stop_s": 3, "release_s": 4}}
+    assert config_digest(changed) == digest
+    _, slow = expanded(suite("/py", estimate={"tok_s": 1}, timeouts={"health_s": 5}))
+    assert slow["tp1-ngram-k3"]["estimate_s"] != cfg["estimate_s"]
+    assert config_digest(slow["tp1-ngram-k3"]) == digest
+
+
+def test_digest_ignores_secret_values() -> None:
+    _, one = expanded(suite("/py"))
+    _, other = expanded(suite("/py", env={"HF_TOKEN": "hf_another_token_12345"}, api_key="sk-another-key-0987654321"))
+    for cid in one:
+        assert one[cid]["env"] != other[cid]["env"]
+        assert config_digest(one[cid]) == config_digest(other[cid])
+    # SGLang takes the key as a flag: redacted in the digest as well
+    _, sg1 = expanded(suite("/py", engine="sglang"))
+    _, sg2 = expanded(suite("/py", engine="sglang", api_key="sk-another-key-0987654321"))
+    assert sg1["tp1-autoregressive"]["command"] != sg2["tp1-autoregressive"]["command"]
+    assert config_digest(sg1["tp1-autoregressive"]) == config_digest(sg2["tp1-autoregressive"])
+
+
+def test_digest_changes_with_what_is_measured() -> None:
+    _, configs = expanded(suite("/py"))
+    cfg = configs["tp1-ngram-k3"]
+    digest = config_digest(cfg)
+    assert config_digest({**cfg, "method_params": {"num_speculative_tokens": 4}}) != digest
+    # the same config id with another method parameter
+    phases = [{"name": "tp1", "configs": [{"method": "autoregressive"},
+                                          {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 5}],
+               "sweeps": [{"workloads": ["fib"], "max_tokens": [MAX_TOKENS], "context_tokens": [0, CONTEXT],
+                           "concurrency": [1, 2]}]}]
+    _, other = expanded(suite("/py", phases=phases))
+    assert other["tp1-ngram-k3"]["config_id"] == cfg["config_id"]
+    assert config_digest(other["tp1-ngram-k3"]) != digest
+    # a non-secret environment variable, and the cells
+    _, env = expanded(suite("/py", env={"HF_TOKEN": HF_TOKEN, "VLLM_USE_V1": "1"}))
+    assert config_digest(env["tp1-ngram-k3"]) != digest
+    assert config_digest({**cfg, "cells": cfg["cells"][:1]}) != digest
+
+
+def test_digest_ignores_the_value_of_a_secret_flag_in_server_args() -> None:
+    _, one = expanded(suite("/py", server_args=["--hf-token", "hf_flag_value_aaaa1111"]))
+    _, two = expanded(suite("/py", server_args=["--hf-token", "hf_flag_value_bbbb2222"]))
+    cfg1, cfg2 = one["tp1-autoregressive"], two["tp1-autoregressive"]
+    assert config_digest(cfg1) == config_digest(cfg2)
+
+
+# -- flags --------------------------------------------------------------------------------------------
+def test_unknown_flags_are_those_the_help_does_not_name() -> None:
+    argv = ["/py", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--port=8000", "--max-num-seqs",
+            "4", "--enforce-eager", "--speculative-config={\"method\":\"ngram\"}", "-O3"]
+    known = {"--model", "--port", "--speculative-config"}
+    assert unknown_flags(argv, known) == ["--max-num-seqs", "--enforce-eager"]
+    assert unknown_flags(argv, known | {"--max-num-seqs", "--enforce-eager"}) == []
+    assert unknown_flags([], known) == []
+
+
+def test_engine_flags_are_read_from_the_engines_own_help(tmp_path: Path) -> None:
+    python = write_engine(tmp_path)
+    assert VLLM.help_command(python) == [python, "-m", "vllm.entrypoints.openai.api_server", "--help"]
+    assert engine_flags(VLLM, python, {"PATH": os.environ.get("PATH", "")}) == set(FLAGS)
+    fewer = write_engine(tmp_path / "old", flags=FLAGS[:-1])
+    assert engine_flags(VLLM, fewer, {}) == set(FLAGS[:-1])
+
+
+def test_engine_flags_of_a_failing_help_raise(tmp_path: Path) -> None:
+    python = write_engine(tmp_path, help_out="Traceback (most recent call last):\nModuleNotFoundError: No module "
+                                             "named 'vllm'\n", help_rc=1)
+    with pytest.raises(RuntimeError) as exc:
+        engine_flags(VLLM, python, {})
+    assert "(1)" in str(exc.value) and "No module named 'vllm'" in str(exc.value)
+    assert "--help" in str(exc.value)
+
+
+def test_engine_flags_of_a_help_that_exits_non_zero_raise_even_with_flags(tmp_path: Path) -> None:
+    python = write_engine(tmp_path, help_out=help_text(FLAGS) + "Segmentation fault at exit\n", help_rc=139)
+    with pytest.raises(RuntimeError, match=r"\(139\)"):
+        engine_flags(VLLM, python, {})
+
+
+def test_engine_flags_of_a_help_that_names_no_flags_raise(tmp_path: Path) -> None:
+    python = write_engine(tmp_path, help_out="nothing to see here\n", help_rc=0)
+    with pytest.raises(RuntimeError, match="nothing to see here"):
+        engine_flags(VLLM, python, {})
+
+
+def test_engine_flags_of_a_missing_python_raise_oserror(tmp_path: Path) -> None:
+    with pytest.raises(OSError):
+        engine_flags(VLLM, str(tmp_path / "no-such-python"), {})
+
+
+# -- preflight ----------------------------------------------------------------------------------------
+def test_preflight_passes_with_known_flags_and_no_gpus(tmp_path: Path) -> None:
+    host, configs = setup(tmp_path, write_engine(tmp_path / "engine"))
+    assert host.idle_gpu == {} and host.gpu_count == 0
+    for cfg in configs.values():
+        assert preflight(host, cfg) is None
+    assert host.flags == set(FLAGS)
+    # the flags are probed once per host: a vanished engine is not asked again
+    host.suite = {**host.suite, "engine_python": str(tmp_path / "gone")}
+    assert preflight(host, configs["tp1-ngram-k3"]) is None
+
+
+def test_preflight_names_a_flag_the_engine_does_not_know(tmp_path: Path) -> None:
+    python = write_engine(tmp_path / "engine", flags=[f for f in FLAGS if f != "--per-request-spec-decode-metrics"])
+    host, configs = setup(tmp_path, python)
+    host.engine_info = {"name": "vllm", "version": ENGINE_VERSION}
+    assert preflight(host, configs["tp1-autoregressive"]) is None
+    res = preflight(host, configs["tp1-ngram-k3"])
+    assert res is not None and res.status == Outcome.FAILED and res.reason == Reason.UNSUPPORTED_FLAG
+    assert "--per-request-spec-decode-metrics" in res.detail and f"vllm {ENGINE_VERSION}" in res.detail
+    assert res.fields == {"unsupported_flags": ["--per-request-spec-decode-metrics"]}
+    host.engine_info = {}
+    assert "unknown version" in preflight(host, configs["tp1-ngram-k3"]).detail
+
+
+def test_preflight_refuses_tp_above_the_gpu_count(tmp_path: Path) -> None:
+    host, configs = setup(tmp_path, write_engine(tmp_path / "engine"))
+    host.gpu_count = 2
+    cfg = {**configs["tp1-autoregressive"], "tp": 3}
+    res = preflight(host, cfg)
+    assert res is not None and res.status == Outcome.FAILED and res.reason == Reason.DOES_NOT_FIT
+    assert "tp 3" in res.detail and "has 2" in res.detail
+    assert preflight(host, {**cfg, "tp": 2}) is None
+    host.gpu_count = 0  # no GPUs seen: nothing to compare with
+    assert preflight(host, cfg) is None
+
+
+def test_preflight_without_the_engine_is_engine_unavailable(tmp_path: Path) -> None:
+    missing = str(tmp_path / "venv" / "bin" / "python")
+    host, configs = setup(tmp_path, missing)
+    res = preflight(host, configs["tp1-autoregressive"])
+    assert res is not None and res.status == Outcome.FAILED and res.reason == Reason.ENGINE_UNAVAILABLE
+    assert missing in res.detail
+    assert host.flags is None
+
+
+def test_preflight_waits_for_gpu_memory_then_gives_up(tmp_path: Path) -> None:
+    host, configs = setup(tmp_path, write_engine(tmp_path / "engine"))
+    host.idle_gpu = {0: -10 ** 9}  # an idle level no reading can come back to (nor a host without nvidia-smi)
+    cfg = {**configs["tp1-autoregressive"], "timeouts": {**configs["tp1-autoregressive"]["timeouts"],
+                                                         "release_s": 0.3}}
+    res = preflight(host, cfg)
+    assert res is not None and res.reason == Reason.GPU_BUSY and "still in use" in res.detail
+
+
+# -- the results folder and its records ---------------------------------------------------------------
+def test_fresh_folder_keeps_earlier_attempts_under_previous(tmp_path: Path) -> None:
+    store = HostStore(tmp_path, HOST)
+    first = fresh_folder(store, "tp1-ngram-k3")
+    assert first == store.dir / "tp1-ngram-k3" and first.is_dir() and not any(first.iterdir())
+    (first / "status.json").write_text('{"attempt": 1}')
+    second = fresh_folder(store, "tp1-ngram-k3")
+    assert second == first and not any(second.iterdir())
+    [kept] = list((store.dir / ".previous").iterdir())
+    assert kept.name.startswith("tp1-ngram-k3.") and (kept / "status.json").read_text() == '{"attempt": 1}'
+    (second / "status.json").write_text('{"attempt": 2}')
+    fresh_folder(store, "tp1-ngram-k3")
+    kept_all = sorted((p / "status.json").read_text() for p in (store.dir / ".previous").iterdir())
+    assert kept_all == ['{"attempt": 1}', '{"attempt": 2}']
+    other = fresh_folder(store, "tp1-autoregressive")
+    assert other.is_dir() and len(list((store.dir / ".previous").iterdir())) == 2
+
+
+def recorded_rows(cfg: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Request rows of the config from the recorded vLLM ngram stream, one per repetition of its first cell."""
+    m = Measurement(VLLM, t_sent=1.30)
+    for line in (DATA / "vllm-ngram-stream.txt").read_text().splitlines():
+        t, data = line.split("\t", 1)
+        m.feed(float(t), data[len("data:"):].strip())
+    identity = {"host": HOST, "config_id": cfg["config_id"], "method": cfg["method"],
+                "method_params": cfg["method_params"], "tp": cfg["tp"], "engine": cfg["engine"],
+                "model": cfg["model"]["name"], "phase": cfg["phase"]}
+    cell = cfg["cells"][0]
+    return [records.request_row(identity, cell, rep, {"slot": 0, "started_at": now_iso(), **m.result()})
+            for rep in range(cell["repetitions"])]
+
+
+def test_record_writes_the_contract_without_secrets(tmp_path: Path) -> None:
+    host, configs = setup(tmp_path, "/py")
+    host.engine_info = {"version": ENGINE_VERSION}
+    cfg = configs["tp1-ngram-k3"]
+    assert cfg["env"]["HF_TOKEN"] == HF_TOKEN and API_KEY in cfg["env"].values()
+    folder = fresh_folder(host.store, cfg["config_id"])
+    (folder / "server.log").write_text("INFO engine started\n")
+    rows = recorded_rows(cfg)
+    argv = [a.replace(PORT, "8123") for a in cfg["command"]]
+    result = Result(Outcome.OK, None, f"note: token {HF_TOKEN} seen", rows,
+                    f"INFO api key {API_KEY}\nINFO token {HF_TOKEN}\nINFO ready", argv,
+                    dict(ready_s=1.25, port=8123, timed_s=2.5, stop_s=0.2, survivors=[], wall_s=4.0))
+    started = now_iso()
+    status = record(host, cfg, result, folder, started, host.secrets(cfg))
+    config, on_disk, written = assert_contract(folder, cfg["config_id"])
+    assert on_disk == status
+    assert status["status"] == "ok" and status["reason"] is None and status["started_at"] == started
+    assert status["config_digest"] == config_digest(cfg)
+    assert status["ready_s"] == 1.25 and status["port"] == 8123 and status["wall_s"] == 4.0
+    assert status["requests"] == 2 and status["requests_ok"] == 2
+    assert written == json.loads(json.dumps(rows))
+    assert written[0]["accept_length"] == 3.5 and written[0]["completion_tokens"] == 48
+    assert status["log_tail"].endswith("INFO ready") and REDACTED in status["log_tail"]
+    assert config["command"] == argv and config["engine_version"] == ENGINE_VERSION and config["host"] == HOST
+    assert config["environment"] == {"HF_TOKEN": REDACTED, "VLLM_API_KEY": REDACTED}
+    assert "prompts" not in config and "env" not in config
+    assert (folder / "server.log").read_text() == "INFO engine started\n"
+    assert_no_secrets(folder)
+
+
+def test_record_of_a_config_never_started_writes_a_server_log(tmp_path: Path) -> None:
+    host, configs = setup(tmp_path, "/py")
+    cfg = configs["tp1-autoregressive"]
+    folder = fresh_folder(host.store, cfg["config_id"])
+    status = record(host, cfg, Result.failed(Reason.GPU_BUSY, "GPU memory still in use"), folder, now_iso(),
+                    host.secrets(cfg))
+    _, _, rows = assert_contract(folder, cfg["config_id"])
+    assert rows == [] and status["status"] == "failed" and status["reason"] == "gpu_busy"
+    assert status["ready_s"] is None and status["log_tail"] == ""
+    assert (folder / "server.log").read_text() == "[specfleet] server not started: GPU memory still in use\n"
+    assert_no_secrets(folder)
+
+
+def test_record_keeps_secrets_in_the_detail_out_of_server_log(tmp_path: Path) -> None:
+    host, configs = setup(tmp_path, "/py")
+    cfg = configs["tp1-autoregressive"]
+    folder = fresh_folder(host.store, cfg["config_id"])
+    status = record(host, cfg, Result.failed(Reason.ENGINE_UNAVAILABLE, f"help failed: bad token {HF_TOKEN}"),
+                    folder, now_iso(), host.secrets(cfg))
+    assert HF_TOKEN not in status["detail"]
+    assert (folder / "server.log").read_text().startswith("[specfleet] server not started")
+    assert_no_secrets(folder)
+
+
+def test_record_redacts_secret_flags_in_server_args(tmp_path: Path) -> None:
+    token = "hf_FLAGSECRET_99887766"
+    host, configs = setup(tmp_path, "/py", server_args=["--hf-token", token])
+    cfg = configs["tp1-autoregressive"]
+    assert token in host.secrets(cfg)
+    folder = fresh_folder(host.store, cfg["config_id"])
+    record(host, cfg, Result.failed(Reason.GPU_BUSY, "busy"), folder, now_iso(), host.secrets(cfg))
+    assert json.loads((folder / "config.json").read_text())["command"][-1] == REDACTED
+    for p in folder.iterdir():
+        assert token.encode() not in p.read_bytes(), p.name
+
+
+def test_skip_records_the_reason(tmp_path: Path) -> None:
+    host, configs = setup(tmp_path, "/py")
+    cfg = configs["tp1-ngram-k3"]
+    status = skip(host, cfg, Reason.BASELINE_FAILED, "the autoregressive baseline of phase tp1 did not finish ok")
+    folder = host.store.config_dir(cfg["config_id"])
+    _, on_disk, rows = assert_contract(folder, cfg["config_id"])
+    assert on_disk == status and rows == []
+    assert status["status"] == "skipped" and status["reason"] == "baseline_failed"
+    assert status["detail"] == "the autoregressive baseline of phase tp1 did not finish ok"
+    assert "server not started" in (folder / "server.log").read_text()
+    assert_no_secrets(folder)
+
+
+def test_run_config_without_the_engine_records_engine_unavailable(tmp_path: Path) -> None:
+    missing = str(tmp_path / "no-engine" / "python")
+    host, configs = setup(tmp_path, missing)
+    cfg = configs["tp1-autoregressive"]
+    status = run_config(host, cfg)
+    folder = host.store.config_dir(cfg["config_id"])
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "requests.jsonl", "server.log", "status.json"]
+    _, on_disk, rows = assert_contract(folder, cfg["config_id"])
+    assert on_disk == status and rows == []
+    assert status["status"] == "failed" and status["reason"] == "engine_unavailable" and missing in status["detail"]
+    assert status["config_digest"] == config_digest(cfg)
+    assert "server not started" in (folder / "server.log").read_text()
+    assert_no_secrets(folder)
+
+
+# -- serve, against a real server ---------------------------------------------------------------------
+def test_serve_measures_every_request_of_every_repetition(tmp_path: Path) -> None:
+    host, configs = setup(tmp_path, write_engine(tmp_path / "engine"))
+    cfg = configs["tp1-ngram-k3"]
+    folder = fresh_folder(host.store, cfg["config_id"])
+    res = serve(host, cfg, folder)
+    assert res.status == Outcome.OK and res.reason is None, (res.detail, res.log_tail)
+    # the port placeholder replaced by the port chosen
+    port = res.fields["port"]
+    assert isinstance(port, int) and PORT not in res.argv and res.argv[res.argv.index("--port") + 1] == str(port)
+    assert res.argv == [str(port) if a == PORT else a for a in cfg["command"]]
+    # one row per request per repetition, each by the contract
+    assert len(res.rows) == cfg["requests"] == 12
+    expected = sorted((records.cell_key(c), rep, slot) for c in cfg["cells"] for rep in range(c["repetitions"])
+                      for slot in range(c["concurrency"]))
+    assert sorted((records.cell_key(r), r["rep"], r["slot"]) for r in res.rows) == expected
+    for r in res.rows:
+        assert records.request_problem(r, cfg["config_id"]) is None, r
+        assert r["ok"] and r["completion_tokens"] == MAX_TOKENS and r["finish_reason"] == "length"
+        assert r["accept_length"] == 2.0 and r["method_params"] == {"num_speculative_tokens": 3}
+        assert r["prompt_tokens"] == (CONTEXT if r["context_tokens"] else len(cfg["prompts"]["fib"].split()) + 1)
+    # rep 0 of every cell before rep 1 of any
+    reps = [r["rep"] for r in res.rows]
+    assert reps == sorted(reps)
+    f = res.fields
+    assert isinstance(f["ready_s"], float) and 0 < f["ready_s"] < cfg["timeouts"]["health_s"]
+    assert f["timed_s"] > 0 and f["stop_s"] >= 0 and f["survivors"] == []
+    # the server is gone, and its whole output is in server.log, without secrets
+    [ready] = [e for e in events(host) if e["event"] == Event.CONFIG_READY.value]
+    assert ready["port"] == port and ready["config_id"] == cfg["config_id"] and ready["invocation"] == INVOCATION
+    assert gone(ready["server_pid"]) and not port_in_use(port)
+    log = (folder / "server.log").read_text()
+    assert f"fake-vllm listening on port {port}" in log
+    assert log.count("fake-vllm completion:") == cfg["requests"] + 1  # and the warmup
+    assert "POST /tokenize" in log and f"completion: prompt_tokens {CONTEXT}" in log
+    assert REDACTED in log
+    assert_no_secrets(folder, res.log_tail)
+
+
+@pytest.mark.parametrize("message, reason", [
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB", Reason.OOM),
+    ("api_server.py: error: unrecognized arguments: --frobnicate", Reason.UNSUPPORTED_FLAG),
+    ("RuntimeError: Engine core initialization failed. See root cause above.", Reason.CRASHED),
+])
+def test_serve_classifies_a_server_that_dies_during_startup(tmp_path: Path, message: str, reason: Reason) -> None:
+    host, configs = setup(tmp_path, write_engine(tmp_path / "engine", crash=message))
+    cfg = configs["tp1-autoregressive"]
+    folder = fresh_folder(host.store, cfg["config_id"])
+    res = serve(host, cfg, folder)
+    assert res.status == Outcome.FAILED and res.reason == reason
+    assert "exited with code 1 during startup" in res.detail
+    assert res.rows == [] and res.fields["ready_s"] is None and res.fields["timed_s"] == 0
+    assert message in res.log_tail and message in (folder / "server.log").read_text()
+    assert not port_in_use(res.fields["port"])
+    assert not [e for e in events(host) if e["event"] == Event.CONFIG_READY.value]
+    assert_no_secrets(folder, res.log_tail)
+
+
+def test_serve_refuses_a_port_another_program_holds(tmp_path: Path) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        host, configs = setup(tmp_path, write_engine(tmp_path / "engine"), port=port)
+        cfg = configs["tp1-autoregressive"]
+        status = run_config(host, cfg)
+    assert (status["status"], status["reason"]) == ("failed", "port_in_use")
+    assert str(port) in status["detail"] and status["port"] == port and status["ready_s"] is None
+    folder = host.store.config_dir(cfg["config_id"])
+    assert_contract(folder, cfg["config_id"])
+    assert (folder / "server.log").read_text().startswith("[specfleet] server not started: port")
+    assert not [e for e in events(host) if e["event"] == Event.CONFIG_READY.value]
+
+
+def test_run_config_with_a_real_server_writes_valid_records(tmp_path: Path) -> None:
+    host, configs = setup(tmp_path, write_engine(tmp_path / "engine"))
+    host.engine_info = {"version": ENGINE_VERSION}
+    cfg = configs["tp1-autoregressive"]
+    status = run_config(host, cfg)
+    folder = host.store.config_dir(cfg["config_id"])
+    config, on_disk, rows = assert_contract(folder, cfg["config_id"])
+    assert on_disk == status and status["status"] == "ok" and status["reason"] is None
+    assert status["requests"] == status["requests_ok"] == cfg["requests"] == len(rows)
+    assert status["wall_s"] >= status["timed_s"] > 0 and status["ready_s"] > 0
+    assert all(r["accept_length"] is None for r in rows)
+    assert config["command"][config["command"].index("--port") + 1] == str(status["port"])
+    assert config["engine_version"] == ENGINE_VERSION
+    assert read_json(folder / "status.json") == status
+    assert_no_secrets(folder)
