@@ -56,9 +56,12 @@ def pack(args: argparse.Namespace) -> int:
     """Archive one host's results (`<results>/<run_id>/<host>`) for the controller to fetch."""
     src = Path(args.results) / args.run_id / args.host
     tmp = Path(args.out + ".tmp")
-    with tarfile.open(tmp, "w:gz") as tar:
-        tar.add(src, arcname=args.host, filter=lambda ti: None if ti.name.endswith("agent.lock") else ti)
-    os.replace(tmp, args.out)
+    try:
+        with tarfile.open(tmp, "w:gz") as tar:
+            tar.add(src, arcname=args.host, filter=lambda ti: None if ti.name.endswith("agent.lock") else ti)
+        os.replace(tmp, args.out)
+    finally:
+        tmp.unlink(missing_ok=True)  # a failed pack leaves nothing half-written behind
     return 0
 
 
