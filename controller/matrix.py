@@ -86,30 +86,34 @@ SCHEMA = {
     "additionalProperties": False,
     "properties": {
         "suite_name": {"type": "string"},
-        "engine": {"enum": sorted(ENGINES)},
-        "backend": {"enum": ["process", "systemd"]},
-        "engine_python": {"type": "string", "minLength": 1, "pattern": _NO_NUL},
-        "engine_patches": {"type": "array"},
+        "engine": {"enum": sorted(ENGINES), "default": "vllm"},
+        "backend": {"enum": ["process", "systemd"], "default": "process"},
+        "engine_python": {"type": "string", "minLength": 1, "pattern": _NO_NUL,
+                          "default": "/opt/specfleet/engine/bin/python"},
+        "engine_patches": {"type": "array", "default": []},
         "model": _model,
-        "draft_model": {**_model, "type": ["object", "null"]},
-        "gpu_count": {"type": "integer", "minimum": 0},
-        "bind_host": {"type": "string", "minLength": 1},
-        "port": {"type": "integer", "minimum": 0, "maximum": 65535},
-        "api_key": {"type": ["string", "null"]},
-        "server_args": _str_list,
-        "env": _env,
+        "draft_model": {**_model, "type": ["object", "null"], "default": None},
+        "gpu_count": {"type": "integer", "minimum": 0, "default": 0},
+        "bind_host": {"type": "string", "minLength": 1, "default": "127.0.0.1"},
+        "port": {"type": "integer", "minimum": 0, "maximum": 65535, "default": 0},
+        "api_key": {"type": ["string", "null"], "default": ""},
+        "server_args": {**_str_list, "default": []},
+        "env": {**_env, "default": {}},
         "sampling": {"type": "object", "additionalProperties": False, "properties": {
-            "temperature": {"type": "number", "minimum": 0}, "ignore_eos": {"type": "boolean"}}},
-        "repetitions": _pos_int,
-        "max_tokens": _int_list,
-        "warmup_max_tokens": _pos_int,
-        "workloads": {"type": "object", "additionalProperties": {"type": "string", "minLength": 1}},
+            "temperature": {"type": "number", "minimum": 0, "default": 0.0},
+            "ignore_eos": {"type": "boolean", "default": False}}},
+        "repetitions": {**_pos_int, "default": 3},
+        "max_tokens": {**_int_list, "default": [256]},
+        "warmup_max_tokens": {**_pos_int, "default": 32},
+        "workloads": {"type": "object", "additionalProperties": {"type": "string", "minLength": 1}, "default": {}},
         "timeouts": {"type": "object", "additionalProperties": False, "properties": {
-            k: {"type": "number", "exclusiveMinimum": 0, "maximum": 604800}   # a week
-            for k in ("health_s", "request_s", "stop_s", "release_s")}},
-        "server_log_max_mib": {"type": "integer", "minimum": 1, "maximum": 1024},  # half of it is held in memory
+            k: {"type": "number", "exclusiveMinimum": 0, "maximum": 604800, "default": v}   # at most a week
+            for k, v in (("health_s", 900), ("request_s", 900), ("stop_s", 60), ("release_s", 120))}},
+        "server_log_max_mib": {"type": "integer", "minimum": 1, "maximum": 1024,  # half of it is held in memory
+                               "default": DEFAULT_MAX_BYTES >> 20},
         "estimate": {"type": "object", "additionalProperties": False, "properties": {
-            k: {"type": "number", "exclusiveMinimum": 0} for k in ("startup_s", "tok_s", "prefill_tok_s")}},
+            k: {"type": "number", "exclusiveMinimum": 0, "default": v}
+            for k, v in (("startup_s", 120), ("tok_s", 25), ("prefill_tok_s", 5000))}},
         "phases": {
             "type": "array", "minItems": 1,
             "items": {
@@ -128,31 +132,15 @@ SCHEMA = {
 }
 
 
-# Every default of the matrix, defined once. The role's defaults/main.yml and meta/argument_specs.yml
-# document the same values (a test compares them); a mapping variable set in part keeps these defaults
-# for the keys it does not set (Ansible replaces a dict variable whole).
+# The matrix's variables are the schema's properties, and their defaults are the schema's `default`s: for a
+# mapping whose keys all have one (sampling, timeouts, estimate), the mapping of them, completed key by key
+# when the variable sets only some keys (Ansible replaces a dict variable whole). The role's defaults/main.yml
+# and meta/argument_specs.yml document the same values (a test compares them).
+PARTIAL = tuple(k for k, v in SCHEMA["properties"].items()
+                if v.get("properties") and all("default" in p for p in v["properties"].values()))
 DEFAULTS: dict[str, Any] = {
-    "engine": "vllm",
-    "backend": "process",
-    "engine_python": "/opt/specfleet/engine/bin/python",
-    "engine_patches": [],
-    "draft_model": None,
-    "gpu_count": 0,
-    "bind_host": "127.0.0.1",
-    "port": 0,
-    "api_key": "",
-    "server_args": [],
-    "env": {},
-    "sampling": {"temperature": 0.0, "ignore_eos": False},
-    "repetitions": 3,
-    "max_tokens": [256],
-    "warmup_max_tokens": 32,
-    "workloads": {},
-    "timeouts": {"health_s": 900, "request_s": 900, "stop_s": 60, "release_s": 120},
-    "server_log_max_mib": DEFAULT_MAX_BYTES >> 20,
-    "estimate": {"startup_s": 120, "tok_s": 25, "prefill_tok_s": 5000},
-}
-PARTIAL = ("sampling", "timeouts", "estimate")   # mappings completed key by key
+    k: ({name: p["default"] for name, p in v["properties"].items()} if k in PARTIAL else v["default"])
+    for k, v in SCHEMA["properties"].items() if k in PARTIAL or "default" in v}
 
 
 def with_defaults(suite: dict[str, Any]) -> dict[str, Any]:

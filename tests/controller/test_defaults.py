@@ -1,4 +1,5 @@
-"""Each default of the matrix is defined once (agent/matrix.py DEFAULTS); the role documents the same values."""
+"""Each default of the matrix is defined once (the `default`s of controller/matrix.py SCHEMA); the role
+documents the same values."""
 from __future__ import annotations
 
 from pathlib import Path
