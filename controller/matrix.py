@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from agent import workloads
+from agent import records, workloads
 from agent.engines import ENGINES
 from agent.logbound import DEFAULT_MAX_BYTES
 from agent.secrets import PLACEHOLDER
@@ -522,7 +522,8 @@ def validate(suite: dict[str, Any], phases: list[str] | None = None, *, secrets_
 
 
 def _cells(suite: dict[str, Any], sweep: dict[str, Any]) -> list[dict[str, int | str]]:
-    return [{"workload": w, "max_tokens": mt, "context_tokens": ctx, "concurrency": c}
+    """A sweep's grid, one cell (records.CELL: workload, max_tokens, context_tokens, concurrency) per point."""
+    return [dict(zip(records.CELL, (w, mt, ctx, c)))
             for w in sweep["workloads"]
             for mt in sweep.get("max_tokens", suite["max_tokens"])
             for ctx in sweep.get("context_tokens", [0])
