@@ -63,7 +63,9 @@ def play(args: Sequence[str], *, env: Mapping[str, str] | None = None, path: Seq
     return Played(proc, time.monotonic() - t0)
 
 
-def start(args: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: Path = ROOT) -> subprocess.Popen[str]:
-    """`ansible-playbook *args` started in the background, output on its stdout pipe (for tests that interrupt it)."""
+def start(args: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: Path = ROOT,
+          new_session: bool = False) -> subprocess.Popen[str]:
+    """`ansible-playbook *args` started in the background, output on its stdout pipe (for tests that interrupt it;
+    `new_session`: in its own session, so that the test can kill it with everything it forked)."""
     return subprocess.Popen([ANSIBLE_PLAYBOOK, *args], cwd=cwd, env=ansible_env(env), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=new_session)

@@ -10,6 +10,8 @@ from typing import Any
 
 import yaml
 
+from tests import playbook
+
 from .conftest import ROOT, Bench
 
 PLANTED = "hf_PlantedInBadInput0123456789abcdef"
@@ -52,8 +54,7 @@ def inventory(bench: Bench, host_vars: str) -> Path:
 
 def run_badhost(bench: Bench, host_vars: str) -> subprocess.CompletedProcess[str]:
     inv = inventory(bench, host_vars)
-    return subprocess.run(bench.command({}, "-i", str(inv), limit="badhost"), cwd=ROOT, env=bench.env(),
-                          capture_output=True, text=True, timeout=120)
+    return playbook.play(bench.args({}, "-i", str(inv), limit="badhost"), timeout=120).proc
 
 
 GOOD_HOST_VARS = {
@@ -66,8 +67,7 @@ GOOD_HOST_VARS = {
 def test_the_test_inventory_is_valid_as_written(bench: Bench) -> None:
     """The control for the inventory cases below: unchanged, its host plans fine (plan mode touches no host)."""
     inv = inventory(bench, yaml.safe_dump(GOOD_HOST_VARS))
-    res = subprocess.run(bench.command({"plan": True}, "-i", str(inv), limit="badhost"), cwd=ROOT, env=bench.env(),
-                         capture_output=True, text=True, timeout=120)
+    res = playbook.play(bench.args({"plan": True}, "-i", str(inv), limit="badhost"), timeout=120).proc
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
     assert "Plan for badhost: 1 configs" in res.stdout
     assert not bench.host_dir.exists()
@@ -224,8 +224,7 @@ def test_inventory_host_name_unfit_for_a_folder(bench: Bench) -> None:
         "ansible_connection": "local", "ansible_python_interpreter": "{{ ansible_playbook_python }}",
         "bench_host_dir": str(bench.host_dir), "bench_agent_python": "{{ ansible_playbook_python }}",
         **GOOD_HOST_VARS}}}}))
-    res = subprocess.run(bench.command({}, "-i", str(inv / "hosts.yml"), limit="all"), cwd=ROOT, env=bench.env(),
-                         capture_output=True, text=True, timeout=120)
+    res = playbook.play(bench.args({}, "-i", str(inv / "hosts.yml"), limit="all"), timeout=120).proc
     out = assert_nothing_started(bench, res)
     assert "inventory host 'up..and/over': not usable as a results folder name" in out
 

@@ -16,6 +16,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from tests import playbook
+
 from .conftest import ROOT, Bench, reduced_matrix
 
 KILLS = 20
@@ -31,8 +33,7 @@ def test_controller_killed_at_random_points_twenty_times(bench: Bench, tmp_path:
     extra = {**matrix, "run_id": run}
     kills, finished_early, log = 0, 0, []
     while True:
-        proc = subprocess.Popen(bench.command(extra), cwd=ROOT, env=bench.env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        proc = playbook.start(bench.args(extra), new_session=True)
         if kills == KILLS:
             out, _ = proc.communicate(timeout=900)
             assert proc.returncode == 0, out[-4000:]

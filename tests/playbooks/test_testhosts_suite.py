@@ -15,6 +15,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from tests import playbook
 from tests.hosts.testhosts import TestHosts
 from tests.readme import typed
 
@@ -138,8 +139,7 @@ def test_controller_killed_mid_config_then_rerun(two_host_run: tuple[Bench, str,
                                                 tmp_path: Path) -> None:
     run = "it-detached"
     bench = Bench(tmp_path)
-    proc = subprocess.Popen(bench.command({"run_id": run}, limit="testhosts"), cwd=ROOT, env=bench.env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = playbook.start(bench.args({"run_id": run}, limit="testhosts"), new_session=True)
     try:
         end = time.monotonic() + 600
         while not any(e["event"] == "config_ready" for e in host_events(testhosts, "th1", run)):
@@ -185,11 +185,10 @@ def test_one_host_unreachable_mid_suite_the_other_completes(two_host_run: tuple[
     once th2 is back, a re-run with the same run id picks up what th2 did meanwhile and completes it."""
     run = "it-unreachable"
     bench = Bench(tmp_path)
-    env = {**bench.env(), "ANSIBLE_SSH_ARGS": "-o ControlMaster=auto -o ControlPersist=300s "
-                                              "-o ServerAliveInterval=3 -o ServerAliveCountMax=2"}
+    env = {"ANSIBLE_SSH_ARGS": "-o ControlMaster=auto -o ControlPersist=300s "
+                               "-o ServerAliveInterval=3 -o ServerAliveCountMax=2"}
     veth = testhosts.netns("th2")  # th2's end of the bridge
-    proc = subprocess.Popen(bench.command({"run_id": run}, limit="testhosts"), cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = playbook.start(bench.args({"run_id": run}, limit="testhosts"), env=env, new_session=True)
     try:
         end = time.monotonic() + 600
         while not any(e["event"] == "config_start" for e in host_events(testhosts, "th2", run)):
