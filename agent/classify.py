@@ -16,7 +16,7 @@ class Reason(str, enum.Enum):
     NCCL_TIMEOUT = "nccl_timeout"
     UNSUPPORTED_FLAG = "unsupported_flag"      # a launch flag the installed engine does not know
     PORT_IN_USE = "port_in_use"
-    DOES_NOT_FIT = "does_not_fit"              # tp above the GPU count, or a context longer than the model's
+    DOES_NOT_FIT = "does_not_fit"              # tp above the GPU count, or weights + KV cache above a GPU's memory
     ATTENTION_BACKEND = "attention_backend"
     INCOMPATIBLE_CONFIG = "incompatible_config"
     MISSING_MODEL = "missing_model"

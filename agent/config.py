@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Set
 
-from . import gpu
+from . import fit, gpu
 from .classify import Reason, classify, tail
 from .engines import PORT, Engine
 from .measure import Endpoint, Measured, PromptError, measure
@@ -25,6 +25,7 @@ from .server import ProcessServer, Server, StartupFailed, connect_host, free_por
 from .store import (
     HostStore,
     now_iso,
+    read_json,
     redact_argv,
     redact_env,
     scrub,
@@ -51,6 +52,7 @@ class Host:
     engine_info: Dict[str, Any] = field(default_factory=dict)
     idle_gpu: Dict[int, int] = field(default_factory=dict)
     gpu_count: int = 0
+    gpu_memory_mib: int = 0  # one GPU's memory, for the fit check (0: no GPU known, no check)
     flags: Optional[Set[str]] = None
 
     @property
@@ -129,6 +131,10 @@ def preflight(host: Host, cfg: Mapping[str, Any]) -> Optional[Result]:
     if host.gpu_count and cfg["tp"] > host.gpu_count:
         return Result.failed(Reason.DOES_NOT_FIT, f"tp {cfg['tp']} needs {cfg['tp']} GPUs; this host has "
                                                   f"{host.gpu_count}")
+    if host.gpu_memory_mib:
+        verdict = fit.of_config(cfg, host.engine.name, cfg["command"], host.gpu_memory_mib, read_json)
+        if verdict is not None and not verdict.fits:
+            return Result.failed(Reason.DOES_NOT_FIT, f"memory: {verdict.detail}", memory_fit=verdict.detail)
     ok, now = gpu.wait_released(host.idle_gpu, cfg["timeouts"]["release_s"])
     if not ok:
         return Result.failed(Reason.GPU_BUSY, f"GPU memory still in use before start (MiB used {now}, idle "

@@ -101,6 +101,7 @@ STATUS = (
     _f("wall_s", "number", "seconds for the whole config", required=False),
     _f("survivors", "array", "processes that outlived the server and were killed", required=False),
     _f("unsupported_flags", "array", "flags the installed engine does not know", required=False),
+    _f("memory_fit", "string", "the memory arithmetic of a config refused as does_not_fit", required=False),
 )
 
 CONFIG = (

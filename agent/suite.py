@@ -63,8 +63,10 @@ class Suite:
         host.engine_info = info["engine"]
         host.gpu_count = info["gpus"]["count"]
         write_json(store.dir / "host.json", info)
-        text = gpu.query()
-        host.idle_gpu = gpu.used_by_index(gpu.parse_query_csv(text)) if text else {}
+        rows = gpu.parse_query_csv(gpu.query() or "")
+        host.idle_gpu = gpu.used_by_index(rows)
+        totals = [r["memory.total"] for r in rows if isinstance(r.get("memory.total"), int)]
+        host.gpu_memory_mib = int(host.suite.get("gpu_memory_mib") or (min(totals) if totals else 0))
         if host.suite.get("backend") == "systemd":
             for unit in stop_leftover_units(host.engine.name):
                 store.event(Event.LEFTOVER_UNIT_STOPPED, unit=unit)

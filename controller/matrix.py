@@ -94,6 +94,7 @@ SCHEMA = {
         "model": _model,
         "draft_model": {**_model, "type": ["object", "null"], "default": None},
         "gpu_count": {"type": "integer", "minimum": 0, "default": 0},
+        "gpu_memory_mib": {"type": "integer", "minimum": 0, "default": 0},
         "bind_host": {"type": "string", "minLength": 1, "default": "127.0.0.1"},
         "port": {"type": "integer", "minimum": 0, "maximum": 65535, "default": 0},
         "api_key": {"type": ["string", "null"], "default": ""},

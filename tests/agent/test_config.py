@@ -378,6 +378,29 @@ def test_preflight_refuses_tp_above_the_gpu_count(tmp_path: Path) -> None:
     assert preflight(host, cfg) is None
 
 
+def test_preflight_refuses_a_config_whose_memory_does_not_fit(tmp_path: Path) -> None:
+    """A model folder with a real config.json and weights: with 1 GiB GPUs the weights leave no room; the
+    arithmetic is the detail; with no GPU memory known nothing is judged."""
+    host, configs = setup(tmp_path, write_engine(tmp_path / "engine"))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 4, "num_attention_heads": 8,
+                                                   "num_key_value_heads": 2, "head_dim": 64, "hidden_size": 512,
+                                                   "torch_dtype": "bfloat16"}))
+    with open(model / "model.safetensors", "wb") as f:
+        f.truncate(2 << 30)  # 2 GiB of weights (sparse)
+    cfg = {**configs["tp1-autoregressive"], "model": {"name": "m", "path": str(model)}}
+    host.gpu_memory_mib = 1024
+    res = preflight(host, cfg)
+    assert res is not None and res.reason == Reason.DOES_NOT_FIT, res
+    assert res.detail.startswith("memory: budget 1.0 GiB") and "no room left" in res.detail
+    assert res.fields["memory_fit"] == res.detail.removeprefix("memory: ")
+    host.gpu_memory_mib = 80 * 1024
+    assert preflight(host, cfg) is None
+    host.gpu_memory_mib = 0
+    assert preflight(host, {**cfg, "model": {"name": "m", "path": str(model)}}) is None
+
+
 def test_preflight_without_the_engine_is_engine_unavailable(tmp_path: Path) -> None:
     missing = str(tmp_path / "venv" / "bin" / "python")
     host, configs = setup(tmp_path, missing)

@@ -1,0 +1,142 @@
+"""Will a config fit its GPUs? The arithmetic of the hand-run, from the model's own files, before any start.
+
+Per GPU: budget = GPU memory × the engine's memory fraction (`--mem-fraction-static`, `--gpu-memory-utilization`);
+weights and drafter are split across TP; what is left holds the KV cache, whose bytes per token come from the
+model's `config.json`: 2 (K and V) × attention layers × KV heads on this GPU × head_dim × dtype bytes. Hybrid
+models (gated delta net / Mamba layers beside full attention) count their attention layers only; KV heads are
+split across TP and replicated when TP exceeds them. The recurrent state of the linear layers is not counted
+(a few MiB per request), so a config that fits here can still be refused by the engine at its margin.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float8_e4m3fn": 1,
+               "float8_e5m2": 1, "fp8": 1, "int8": 1}
+ATTENTION_TYPES = ("full_attention", "attention", "sliding_attention")
+FRACTION_FLAGS = {"sglang": "--mem-fraction-static", "vllm": "--gpu-memory-utilization"}
+DEFAULT_FRACTION = {"vllm": 0.9}  # SGLang chooses its own by GPU and TP: without the flag only weights are checked
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What of a model decides its KV cache size."""
+
+    layers: int
+    attention_layers: int
+    kv_heads: int
+    head_dim: int
+    dtype_bytes: int
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> Shape:
+        """From a Hugging Face `config.json` (a multimodal one's `text_config` when present)."""
+        text = config.get("text_config") or config
+        layers = int(text["num_hidden_layers"])
+        kinds = text.get("layer_types")
+        if kinds:
+            attention = sum(1 for k in kinds if k in ATTENTION_TYPES)
+        elif text.get("full_attention_interval"):
+            attention = layers // int(text["full_attention_interval"])
+        else:
+            attention = layers
+        heads = int(text["num_attention_heads"])
+        kv = int(text.get("num_key_value_heads") or heads)
+        head_dim = int(text.get("head_dim") or int(text["hidden_size"]) // heads)
+        dtype = str(text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or "bfloat16")
+        return cls(layers, attention, kv, head_dim, DTYPE_BYTES.get(dtype, 2))
+
+    def kv_heads_per_gpu(self, tp: int) -> int:
+        return max(1, math.ceil(self.kv_heads / tp))
+
+    def kv_bytes_per_token(self, tp: int) -> int:
+        """KV cache bytes one token takes on one GPU at this TP."""
+        return 2 * self.attention_layers * self.kv_heads_per_gpu(tp) * self.head_dim * self.dtype_bytes
+
+
+def weights_bytes(folder: Path) -> Optional[int]:
+    """Bytes of a model folder's weights (safetensors, else PyTorch files); None when it has none."""
+    for pattern in ("*.safetensors", "*.bin", "*.pt"):
+        files = [p for p in folder.glob(pattern) if p.is_file()]
+        if files:
+            return sum(p.stat().st_size for p in files)
+    return None
+
+
+def memory_fraction(engine: str, argv: Sequence[str]) -> Optional[float]:
+    """The fraction of GPU memory the engine may use: its flag in the command, else its documented default."""
+    flag = FRACTION_FLAGS.get(engine)
+    for i, arg in enumerate(argv):
+        if flag and arg == flag and i + 1 < len(argv):
+            return float(argv[i + 1])
+        if flag and arg.startswith(flag + "="):
+            return float(arg.split("=", 1)[1])
+    return DEFAULT_FRACTION.get(engine)
+
+
+@dataclass
+class Fit:
+    """The verdict with its arithmetic, one line per step."""
+
+    fits: bool
+    lines: List[str]
+
+    @property
+    def detail(self) -> str:
+        return "; ".join(self.lines)
+
+
+def check(shape: Shape, weights: int, drafter: int, gpu_mib: int, fraction: Optional[float], tp: int,
+          tokens: int) -> Fit:
+    """Whether weights, drafter and `tokens` of KV cache (the largest cell's context + output, times its
+    concurrency) fit one GPU of `gpu_mib` at this TP."""
+    gpu = gpu_mib * MIB
+    lines = []
+    budget = gpu * (fraction if fraction is not None else 1.0)
+    what = f"{gpu / GIB:.1f} GiB × {fraction:.2f}" if fraction is not None else f"{gpu / GIB:.1f} GiB (no fraction)"
+    lines.append(f"budget {what} = {budget / GIB:.1f} GiB per GPU")
+    held = (weights + drafter) / tp
+    lines.append(f"weights {weights / GIB:.1f} GiB + drafter {drafter / GIB:.1f} GiB over tp {tp} = "
+                 f"{held / GIB:.1f} GiB")
+    left = budget - held
+    if left <= 0:
+        lines.append(f"no room left for the KV cache ({left / GIB:.1f} GiB)")
+        return Fit(False, lines)
+    per_token = shape.kv_bytes_per_token(tp)
+    need = per_token * tokens
+    lines.append(f"KV {per_token / 1024:.0f} KiB/token ({shape.attention_layers} attention layers × "
+                 f"{shape.kv_heads_per_gpu(tp)} KV heads × {shape.head_dim} × {shape.dtype_bytes} B × 2) × "
+                 f"{tokens} tokens = {need / GIB:.2f} GiB of {left / GIB:.1f} GiB left")
+    if fraction is None:
+        lines.append("KV room not checked: the engine sets its own memory fraction")
+        return Fit(True, lines)
+    return Fit(need <= left, lines)
+
+
+def largest_tokens(cells: Sequence[Mapping[str, Any]], warmup_max_tokens: int = 0) -> int:
+    """The most tokens in the KV cache at once for a config's cells: (context + output) × concurrency."""
+    return max([(c["context_tokens"] + c["max_tokens"]) * c["concurrency"] for c in cells] + [warmup_max_tokens])
+
+
+def of_config(cfg: Mapping[str, Any], engine: str, argv: Sequence[str], gpu_mib: int,
+              read_json: Any) -> Optional[Fit]:
+    """The fit of one resolved config on GPUs of `gpu_mib`, from its model folders on this host; None when
+    the model folder has no config.json or no weights (nothing to judge from)."""
+    folder = Path(cfg["model"]["path"])
+    config: Optional[Dict[str, Any]] = read_json(folder / "config.json")
+    weights = weights_bytes(folder)
+    if not isinstance(config, dict) or weights is None:
+        return None
+    draft = cfg.get("draft_model") or {}
+    drafter = weights_bytes(Path(draft["path"])) or 0 if draft.get("path") else 0
+    try:
+        shape = Shape.from_config(config)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return check(shape, weights, drafter, gpu_mib, memory_fraction(engine, argv), cfg["tp"],
+                 largest_tokens(cfg["cells"], cfg.get("warmup_max_tokens", 0)))
