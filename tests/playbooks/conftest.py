@@ -31,7 +31,8 @@ class Bench:
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        self.host_dir = tmp / "host"
+        # short: vLLM's IPC sockets live in <host_dir>/tmp/<uuid>, and a Unix socket path holds 107 bytes at most
+        self.host_dir = tmp / "h"
         self.results = tmp / "results"
 
     def vars_file(self, extra: dict[str, Any], local: bool) -> Path:
