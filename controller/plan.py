@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,21 @@ def _pairs(values: dict[str, Any]) -> str:
     return " ".join(f"{k}={json.dumps(v)}" for k, v in values.items())
 
 
+COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def unpinned(suite: dict[str, Any]) -> list[str]:
+    """The models whose revision is not a commit: a later run of the same plan may measure other weights."""
+    out = []
+    for key in ("model", "draft_model"):
+        model = suite.get(key)
+        if isinstance(model, dict) and not COMMIT.fullmatch(str(model.get("revision") or "")):
+            out.append(f"{PREFIX}{key}.revision {model.get('revision')!r} is not pinned to a commit: the weights "
+                       f"it names can change between runs (the model_weights role records the commit it fetched; "
+                       f"pin that)")
+    return out
+
+
 def describe(host: str, configs: list[dict[str, Any]], suite: dict[str, Any] | None = None) -> list[str]:
     """The plan as text: the effective defaults, each config's exact launch command and environment,
     requests and time."""
@@ -127,6 +143,7 @@ def describe(host: str, configs: list[dict[str, Any]], suite: dict[str, Any] | N
         lines += [f"    {PREFIX}{k}: {_pairs(suite[k])}" for k in matrix.PARTIAL]
         lines.append(f"    {PREFIX}repetitions: {suite['repetitions']}; {PREFIX}max_tokens: {suite['max_tokens']}; "
                      f"{PREFIX}warmup_max_tokens: {suite['warmup_max_tokens']}")
+        lines += [f"    warning: {w}" for w in unpinned(suite)]
     for k, c in enumerate(configs, 1):
         cells = c["cells"]
         lines += [
