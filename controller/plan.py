@@ -17,7 +17,7 @@ import yaml
 from agent import secrets
 from agent.store import redact_argv, redact_env
 
-from . import matrix
+from . import estimate, matrix
 
 PREFIX = matrix.PREFIX
 ROLE = Path(__file__).resolve().parents[1] / "roles" / "bench"
@@ -148,7 +148,8 @@ def describe(host: str, configs: list[dict[str, Any]], suite: dict[str, Any] | N
         cells = c["cells"]
         lines += [
             f"[{k}/{len(configs)}] {c['config_id']}  ({c['engine']}, {c['method']} {c['method_params'] or ''}, "
-            f"tp {c['tp']}): {c['requests']} requests in {len(cells)} cells, ~{_hms(c['estimate_s'])}",
+            f"tp {c['tp']}): {c['requests']} requests in {len(cells)} cells, ~{_hms(c['estimate_s'])}"
+            + (f" ({c['estimate_source']})" if c.get("estimate_source") else ""),
             "    env: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(redact_env(c["env"]).items())),
             "    cmd: " + " ".join(_quote(a) for a in redact_argv(c["command"])),
             f"    cells over: workloads {_axis(cells, 'workload')}; max_tokens {_axis(cells, 'max_tokens')}; "
@@ -173,6 +174,8 @@ def build(args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
         return {"failed": True, "msg": f"invalid benchmark matrix for {host}:\n{exc}"}
     hidden = checked.hide(secrets.split(checked.suite)[0])  # configs and this result never hold a secret
     configs = matrix.expand(hidden)
+    evidence = estimate.history(Path(args["results"]), host) if args.get("results") else {}
+    estimate.apply(configs, hidden.suite["estimate"], evidence)
     return {"changed": False, "configs": configs, "suite": hidden.suite, "plan_lines": describe(host, configs,
             hidden.suite), **run, "requests": sum(c["requests"] for c in configs),
             "estimate_s": sum(c["estimate_s"] for c in configs)}
