@@ -124,6 +124,8 @@ CONFIG = (
     _f("environment", "object", "the config's environment, secrets redacted"),
     _f("timeouts", "object", "health_s, request_s, stop_s, release_s", required=False),
     _f("estimate_s", "number", "the plan's time estimate", required=False),
+    _f("estimate_source", "string", "what the estimate came from: an earlier run's measurement or the profile",
+       required=False),
 )
 
 RECORDS: dict[str, tuple[Field, ...]] = {"requests.jsonl": REQUEST, "status.json": STATUS, "config.json": CONFIG}

@@ -19,6 +19,8 @@ from agent.logbound import DEFAULT_MAX_BYTES
 from agent.secrets import PLACEHOLDER
 from agent.store import SECRET_KEY
 
+from . import estimate
+
 METHODS = ("autoregressive", "ngram", "draft_model", "eagle", "eagle3", "mtp", "dflash", "ddtree")
 NEEDS_DRAFT = ("draft_model", "eagle", "eagle3", "dflash", "ddtree")
 NEEDS_K = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
@@ -585,9 +587,7 @@ def expand(checked: Matrix | dict[str, Any], phases: list[str] | None = None, *,
                 resolved["command"] += argv
                 resolved["env"].update(env)
             resolved["requests"] = sum(c["concurrency"] * c["repetitions"] for c in cells)
-            resolved["estimate_s"] = round(est["startup_s"] + sum(
-                c["repetitions"] * (c["max_tokens"] / est["tok_s"] * (1 + 0.25 * (c["concurrency"] - 1))
-                                    + c["context_tokens"] * c["concurrency"] / est["prefill_tok_s"])
-                for c in cells), 1)
+            resolved["estimate_s"] = round(estimate.seconds(cells, est["startup_s"], est["tok_s"],
+                                                            est["prefill_tok_s"]), 1)
             out.append(resolved)
     return out

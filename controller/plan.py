@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import yaml
 from agent import secrets
 from agent.store import redact_argv, redact_env
 
-from . import matrix
+from . import estimate, matrix
 
 PREFIX = matrix.PREFIX
 ROLE = Path(__file__).resolve().parents[1] / "roles" / "bench"
@@ -118,6 +119,21 @@ def _pairs(values: dict[str, Any]) -> str:
     return " ".join(f"{k}={json.dumps(v)}" for k, v in values.items())
 
 
+COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def unpinned(suite: dict[str, Any]) -> list[str]:
+    """The models whose revision is not a commit: a later run of the same plan may measure other weights."""
+    out = []
+    for key in ("model", "draft_model"):
+        model = suite.get(key)
+        if isinstance(model, dict) and not COMMIT.fullmatch(str(model.get("revision") or "")):
+            out.append(f"{PREFIX}{key}.revision {model.get('revision')!r} is not pinned to a commit: the weights "
+                       f"it names can change between runs (the model_weights role records the commit it fetched; "
+                       f"pin that)")
+    return out
+
+
 def describe(host: str, configs: list[dict[str, Any]], suite: dict[str, Any] | None = None) -> list[str]:
     """The plan as text: the effective defaults, each config's exact launch command and environment,
     requests and time."""
@@ -127,11 +143,13 @@ def describe(host: str, configs: list[dict[str, Any]], suite: dict[str, Any] | N
         lines += [f"    {PREFIX}{k}: {_pairs(suite[k])}" for k in matrix.PARTIAL]
         lines.append(f"    {PREFIX}repetitions: {suite['repetitions']}; {PREFIX}max_tokens: {suite['max_tokens']}; "
                      f"{PREFIX}warmup_max_tokens: {suite['warmup_max_tokens']}")
+        lines += [f"    warning: {w}" for w in unpinned(suite)]
     for k, c in enumerate(configs, 1):
         cells = c["cells"]
         lines += [
             f"[{k}/{len(configs)}] {c['config_id']}  ({c['engine']}, {c['method']} {c['method_params'] or ''}, "
-            f"tp {c['tp']}): {c['requests']} requests in {len(cells)} cells, ~{_hms(c['estimate_s'])}",
+            f"tp {c['tp']}): {c['requests']} requests in {len(cells)} cells, ~{_hms(c['estimate_s'])}"
+            + (f" ({c['estimate_source']})" if c.get("estimate_source") else ""),
             "    env: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(redact_env(c["env"]).items())),
             "    cmd: " + " ".join(_quote(a) for a in redact_argv(c["command"])),
             f"    cells over: workloads {_axis(cells, 'workload')}; max_tokens {_axis(cells, 'max_tokens')}; "
@@ -156,6 +174,8 @@ def build(args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
         return {"failed": True, "msg": f"invalid benchmark matrix for {host}:\n{exc}"}
     hidden = checked.hide(secrets.split(checked.suite)[0])  # configs and this result never hold a secret
     configs = matrix.expand(hidden)
+    evidence = estimate.history(Path(args["results"]), host) if args.get("results") else {}
+    estimate.apply(configs, hidden.suite["estimate"], evidence)
     return {"changed": False, "configs": configs, "suite": hidden.suite, "plan_lines": describe(host, configs,
             hidden.suite), **run, "requests": sum(c["requests"] for c in configs),
             "estimate_s": sum(c["estimate_s"] for c in configs)}

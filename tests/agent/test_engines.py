@@ -21,13 +21,18 @@ def ct200() -> dict[str, dict]:
 def test_sglang_baseline_command() -> None:
     c = ct200()["tp1-autoregressive"]
     assert c["command"] == SGLANG_BASE
-    assert c["env"] == {"HF_HUB_OFFLINE": "1", "SGLANG_ENABLE_SPEC_V2": "1"}
+    assert c["env"] == {"HF_HUB_OFFLINE": "1"}  # spec v2 only where it is meant: the overlapped DFlash
 
 
 def test_sglang_dflash_command() -> None:
-    assert ct200()["tp1-dflash"]["command"] == SGLANG_BASE + [
-        "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", "/models/Qwen3.6-27B-DFlash",
-        "--speculative-num-draft-tokens", "16"]
+    dflash = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", "/models/Qwen3.6-27B-DFlash",
+              "--speculative-num-draft-tokens", "16"]
+    assert ct200()["tp1-dflash"]["command"] == SGLANG_BASE + dflash
+    assert ct200()["tp1-dflash"]["env"] == {"HF_HUB_OFFLINE": "1", "SGLANG_ENABLE_SPEC_V2": "1"}
+    # the same drafter on DDTree's scheduling path (overlap off, no spec v2)
+    assert ct200()["tp1-dflash-nooverlap"]["command"] == SGLANG_BASE + ["--disable-overlap-schedule", *dflash]
+    assert ct200()["tp1-dflash-nooverlap"]["env"] == {"HF_HUB_OFFLINE": "1"}
+    assert all(c["env"] == {"HF_HUB_OFFLINE": "1"} for cid, c in ct200().items() if "ddtree" in cid)
 
 
 def test_sglang_ddtree_command_uses_the_patch_flags() -> None:

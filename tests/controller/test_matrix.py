@@ -157,9 +157,9 @@ def test_shipped_profiles_are_valid() -> None:
     # 4 workloads x 2 contexts x (1 + 4 concurrent) x 3 reps
     assert all(c["requests"] == 120 for c in local)
     ct200 = matrix.expand(suite_from_host_vars("ct200"))
-    assert len(ct200) == 24
-    assert [c["config_id"] for c in ct200[:8]] == [
-        "tp1-autoregressive", "tp1-dflash", "tp1-ddtree-b8", "tp1-ddtree-b12", "tp1-ddtree-b15", "tp1-ddtree-b16",
-        "tp1-ddtree-b32", "tp1-ddtree-b64"]
+    assert len(ct200) == 27
+    assert [c["config_id"] for c in ct200[:9]] == [
+        "tp1-autoregressive", "tp1-dflash", "tp1-dflash-nooverlap", "tp1-ddtree-b8", "tp1-ddtree-b12",
+        "tp1-ddtree-b15", "tp1-ddtree-b16", "tp1-ddtree-b32", "tp1-ddtree-b64"]
     assert {c["tp"] for c in ct200} == {1, 4, 8}
     assert [c["config_id"] for c in matrix.expand(suite_from_host_vars("ct200"), ["tp4"])][0] == "tp4-autoregressive"

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from controller import plan
+from controller import matrix, plan
 
 API_KEY = "sk-live-0123456789abcdefghij"  # 28 characters
 HF_TOKEN = "hf_QWERTYUIOPasdfghjkl0987"
@@ -322,3 +322,17 @@ def test_describe_without_the_suite_lists_only_configs() -> None:
     assert sum(line.startswith("[") for line in lines) == 2
     cells = [line for line in lines if line.startswith("    cells over:")]
     assert cells[0] == "    cells over: workloads fib; max_tokens 64; context 0; concurrency 1,2; reps 3"
+
+
+def test_the_plan_warns_about_unpinned_model_revisions() -> None:
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    suite = matrix.with_defaults({"model": {"name": "m", "path": "/m", "revision": "main"},
+                                  "draft_model": {"name": "d", "path": "/d", "revision": commit}})
+    [warning] = plan.unpinned(suite)
+    assert warning.startswith("bench_model.revision 'main' is not pinned")
+    suite["model"]["revision"] = None
+    assert "bench_model.revision None" in plan.unpinned(suite)[0]
+    suite["model"]["revision"] = commit
+    assert plan.unpinned(suite) == []
+    lines = plan.describe("h", [], {**suite, "draft_model": {"name": "d", "path": "/d", "revision": "v1"}})
+    assert any(line.startswith("    warning: bench_draft_model.revision 'v1'") for line in lines)

@@ -16,8 +16,8 @@ def test_a_mapping_set_in_part_keeps_the_documented_defaults(bench: Bench) -> No
     assert "bench_timeouts: health_s=300 request_s=900 stop_s=60 release_s=120" in res.stdout
     assert "bench_sampling: temperature=0.0 ignore_eos=true" in res.stdout
     assert "bench_estimate: startup_s=120 tok_s=100 prefill_tok_s=5000" in res.stdout
-    # 24 configs at the role's startup_s (120 s each) and 100 tok/s: the estimate follows the filled values
-    assert re.search(r"Plan for ct200: 24 configs, \d+ timed requests, estimated \d+:\d\d:\d\d", res.stdout)
+    # 27 configs at the role's startup_s (120 s each) and 100 tok/s: the estimate follows the filled values
+    assert re.search(r"Plan for ct200: 27 configs, \d+ timed requests, estimated \d+:\d\d:\d\d", res.stdout)
 
 
 def test_bad_matrix_is_rejected_before_any_server_starts(bench: Bench) -> None:

@@ -201,7 +201,7 @@ def test_plan_for_ct200_prints_every_config_without_connecting() -> None:
     res = typed("ansible-playbook bench.yml -l ct200 -e plan=true", timeout=120)
     assert res.returncode == 0, res.stdout[-3000:]
     out = res.stdout
-    assert "Plan for ct200: 24 configs" in out and "timed requests, estimated" in out
+    assert "Plan for ct200: 27 configs" in out and "timed requests, estimated" in out
     assert len(re.findall(r"^\[\d+/24\] tp\d-", out, re.M)) == 24
     assert "cmd: /opt/specfleet/sglang/bin/python -m sglang.launch_server --model-path /models/Qwen3.6-27B" in out
     assert "--speculative-algorithm DDTREE" in out and "--speculative-ddtree-budget 64" in out
@@ -215,7 +215,7 @@ def test_plan_for_ct200_prints_every_config_without_connecting() -> None:
 def test_plan_for_ct200_one_phase() -> None:
     res = typed("ansible-playbook bench.yml -l ct200 -e plan=true -e phases=tp1", timeout=120)
     assert res.returncode == 0, res.stdout[-3000:]
-    assert "Plan for ct200: 8 configs" in res.stdout
+    assert "Plan for ct200: 9 configs" in res.stdout
     assert "tp4-" not in res.stdout and "tp8-" not in res.stdout
 
 
@@ -230,7 +230,7 @@ def test_check_on_unreachable_ct200_says_what_it_could_not_check() -> None:
     assert res.returncode != 0
     out = res.stdout
     assert "ct200 cannot be reached (Failed to connect to the host via ssh" in out
-    assert "Checked on the controller: its matrix, 24 configs" in out and "Not checked:" in out
+    assert "Checked on the controller: its matrix, 27 configs" in out and "Not checked:" in out
     assert "nothing was changed anywhere" in out and "Traceback" not in out + res.stderr
     assert re.search(r"ct200\s+: ok=\d+\s+changed=0\s+unreachable=0\s+failed=1", out), out[-2000:]
     assert run_folders() == before
