@@ -202,10 +202,12 @@ def test_plan_for_ct200_prints_every_config_without_connecting() -> None:
     assert res.returncode == 0, res.stdout[-3000:]
     out = res.stdout
     assert "Plan for ct200: 27 configs" in out and "timed requests, estimated" in out
-    assert len(re.findall(r"^\[\d+/24\] tp\d-", out, re.M)) == 24
+    assert len(re.findall(r"^\[\d+/27\] tp\d-", out, re.M)) == 27
     assert "cmd: /opt/specfleet/sglang/bin/python -m sglang.launch_server --model-path /models/Qwen3.6-27B" in out
     assert "--speculative-algorithm DDTREE" in out and "--speculative-ddtree-budget 64" in out
-    assert "env: HF_HUB_OFFLINE=1 SGLANG_ENABLE_SPEC_V2=1" in out
+    assert "env: HF_HUB_OFFLINE=1 SGLANG_ENABLE_SPEC_V2=1" in out  # the overlapped DFlash only
+    assert "--disable-overlap-schedule --speculative-algorithm DFLASH" in out  # DFlash on DDTree's path
+    assert "(profile: 26.5 tok/s × √tp 8)" in out and "warning: bench_model.revision 'main' is not pinned" in out
     # the effective values, the documented defaults filled in
     assert "bench_timeouts: health_s=1800 request_s=1800 stop_s=120 release_s=180" in out
     assert "bench_warmup_max_tokens: 32" in out
