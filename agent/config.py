@@ -25,7 +25,6 @@ from .server import ProcessServer, Server, StartupFailed, connect_host, free_por
 from .store import (
     HostStore,
     now_iso,
-    read_json,
     redact_argv,
     redact_env,
     scrub,
@@ -132,7 +131,7 @@ def preflight(host: Host, cfg: Mapping[str, Any]) -> Optional[Result]:
         return Result.failed(Reason.DOES_NOT_FIT, f"tp {cfg['tp']} needs {cfg['tp']} GPUs; this host has "
                                                   f"{host.gpu_count}")
     if host.gpu_memory_mib:
-        verdict = fit.of_config(cfg, host.engine.name, cfg["command"], host.gpu_memory_mib, read_json)
+        verdict = fit.of_config(cfg, host.engine.name, cfg["command"], host.gpu_memory_mib)
         if verdict is not None and not verdict.fits:
             return Result.failed(Reason.DOES_NOT_FIT, f"memory: {verdict.detail}", memory_fit=verdict.detail)
     ok, now = gpu.wait_released(host.idle_gpu, cfg["timeouts"]["release_s"])

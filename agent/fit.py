@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from .store import read_json
+
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float8_e4m3fn": 1,
                "float8_e5m2": 1, "fp8": 1, "int8": 1}
 ATTENTION_TYPES = ("full_attention", "attention", "sliding_attention")
@@ -123,8 +125,7 @@ def largest_tokens(cells: Sequence[Mapping[str, Any]], warmup_max_tokens: int = 
     return max([(c["context_tokens"] + c["max_tokens"]) * c["concurrency"] for c in cells] + [warmup_max_tokens])
 
 
-def of_config(cfg: Mapping[str, Any], engine: str, argv: Sequence[str], gpu_mib: int,
-              read_json: Any) -> Optional[Fit]:
+def of_config(cfg: Mapping[str, Any], engine: str, argv: Sequence[str], gpu_mib: int) -> Optional[Fit]:
     """The fit of one resolved config on GPUs of `gpu_mib`, from its model folders on this host; None when
     the model folder has no config.json or no weights (nothing to judge from)."""
     folder = Path(cfg["model"]["path"])
@@ -133,7 +134,7 @@ def of_config(cfg: Mapping[str, Any], engine: str, argv: Sequence[str], gpu_mib:
     if not isinstance(config, dict) or weights is None:
         return None
     draft = cfg.get("draft_model") or {}
-    drafter = weights_bytes(Path(draft["path"])) or 0 if draft.get("path") else 0
+    drafter = (weights_bytes(Path(draft["path"])) if draft.get("path") else None) or 0
     try:
         shape = Shape.from_config(config)
     except (KeyError, TypeError, ValueError):

@@ -37,10 +37,9 @@ def _value(v: str) -> Any:
 
 def parse_query_csv(text: str, fields: str | None = None) -> list[dict[str, Any]]:
     """Rows of `nvidia-smi --query-*` CSV output; header read from the text or given as `fields`."""
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    if not lines:
+    rows = _rows(text)
+    if not rows:
         return []
-    rows = list(csv.reader(io.StringIO("\n".join(lines)), skipinitialspace=True))
     if fields is None:
         header, rows = [_clean(h) for h in rows[0]], rows[1:]
     else:
@@ -64,10 +63,15 @@ def parse_smi_xml(text: str) -> dict[str, Any]:
             "count": int(root.findtext("attached_gpus") or 0), "gpus": gpus}
 
 
+def _rows(text: str) -> list[list[str]]:
+    """The cells of nvidia-smi CSV output, line by line (blank lines dropped)."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return [[c.strip() for c in r] for r in csv.reader(io.StringIO("\n".join(lines)), skipinitialspace=True)]
+
+
 def _table(text: str) -> tuple[list[str], list[list[str]]]:
     """nvidia-smi CSV as (header without units, rows); the header is [] for `--format=csv,noheader`."""
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    rows = [[c.strip() for c in r] for r in csv.reader(io.StringIO("\n".join(lines)), skipinitialspace=True)]
+    rows = _rows(text)
     if rows and any(_HEADER_CELL.fullmatch(c) for c in rows[0]):
         return [_clean(c) for c in rows[0]], rows[1:]
     return [], rows

@@ -69,8 +69,8 @@ class Server:
         t0 = time.monotonic()
         try:
             self.stop(self.stop_deadline_s)
-        except RuntimeError as err:
-            self.stop_error = str(err)
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as err:  # e.g. systemctl or journalctl hung
+            self.stop_error = f"{type(err).__name__}: {err}" if not isinstance(err, RuntimeError) else str(err)
         self.stop_s = time.monotonic() - t0
 
     def check_port_free(self) -> None:

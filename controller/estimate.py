@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
-from agent import records
+from agent.store import read_json
+from collector.load import read_requests
 
 
 @dataclass(frozen=True)
@@ -34,13 +35,6 @@ def kind(cfg: Mapping[str, Any]) -> tuple[Any, ...]:
             json.dumps(cfg.get("method_params") or {}, sort_keys=True))
 
 
-def _json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def _decode_tok_s(rows: Iterable[Mapping[str, Any]]) -> Optional[float]:
     speeds = [r["decode_tok_s"] for r in rows if r.get("ok") and isinstance(r.get("decode_tok_s"), (int, float))
               and r["decode_tok_s"] > 0 and r.get("concurrency") == 1]
@@ -53,20 +47,12 @@ def history(results: Path, host: str) -> dict[tuple[Any, ...], Evidence]:
     if not results.is_dir():
         return {}
     for status_path in results.glob(f"*/{host}/*/status.json"):
-        status, config = _json(status_path), _json(status_path.parent / "config.json")
+        status, config = read_json(status_path), read_json(status_path.parent / "config.json")
         if not isinstance(status, dict) or not isinstance(config, dict) or status.get("status") != "ok":
             continue
         if not isinstance(status.get("ready_s"), (int, float)):
             continue
-        rows = []
-        try:
-            for line in (status_path.parent / "requests.jsonl").read_text().splitlines():
-                row = json.loads(line)
-                if records.request_problem(row, status_path.parent.name) is None:
-                    rows.append(row)
-        except (OSError, ValueError):
-            continue
-        tok_s = _decode_tok_s(rows)
+        tok_s = _decode_tok_s(read_requests(status_path.parent / "requests.jsonl", []))  # damaged lines skipped
         if tok_s is None:
             continue
         when = str(status.get("finished_at") or "")

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from agent import fit, gpu
-from agent.store import read_json
 from tests.conftest import ROOT
 
 QWEN36 = {"num_hidden_layers": 64, "num_attention_heads": 24, "num_key_value_heads": 4, "head_dim": 256,
@@ -88,7 +87,7 @@ def test_the_tiny_model_fits_an_h200(tmp_path: Path) -> None:
     assert fit.weights_bytes(folder) == (folder / "model.safetensors").stat().st_size
     cfg = {"model": {"path": str(folder)}, "draft_model": None, "tp": 1, "warmup_max_tokens": 32,
            "cells": [{"context_tokens": 512, "max_tokens": 256, "concurrency": 4}]}
-    result = fit.of_config(cfg, "vllm", [], H200_MIB, read_json)
+    result = fit.of_config(cfg, "vllm", [], H200_MIB)
     assert H200_MIB == 143771 and result is not None and result.fits, result
     assert "3072 tokens" in result.detail
-    assert fit.of_config({**cfg, "model": {"path": str(tmp_path / "none")}}, "vllm", [], H200_MIB, read_json) is None
+    assert fit.of_config({**cfg, "model": {"path": str(tmp_path / "none")}}, "vllm", [], H200_MIB) is None
