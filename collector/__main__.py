@@ -15,7 +15,7 @@ from agent.store import now_iso, read_json, write_atomic, write_json
 
 from .load import load_run
 from .pull import pull
-from .report import render
+from .report import VS_FILE, ddtree_vs_dflash_csv, render
 from .verdict import FAIL_ON, judge
 
 
@@ -80,6 +80,11 @@ def report(args: argparse.Namespace) -> int:
     if args.write:
         for fmt in ("md", "csv", "json"):
             write_atomic(root / f"report.{fmt}", render(run, fmt).encode())
+        vs = ddtree_vs_dflash_csv(run)
+        if vs is None:  # no DDTree and DFlash in one group (any more): no file, not an empty one
+            (root / VS_FILE).unlink(missing_ok=True)
+        else:
+            write_atomic(root / VS_FILE, vs.encode())
     sys.stdout.write(render(run, args.format))
     return 0
 
@@ -100,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("report", help="print the speedup table of a run")
     r.add_argument("run_dir")
     r.add_argument("--format", choices=("md", "csv", "json"), default="md")
-    r.add_argument("--write", action="store_true", help="also write report.md/.csv/.json into the run folder")
+    r.add_argument("--write", action="store_true", help="also write report.md/.csv/.json into the run folder, and "
+                   f"{VS_FILE} when DDTree and DFlash share a cell")
     r.set_defaults(func=report)
     s = sub.add_parser("stamp", help="record the start or end of a session of a run in run.json")
     s.add_argument("run_dir")

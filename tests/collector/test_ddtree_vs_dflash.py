@@ -1,0 +1,281 @@
+"""The report's view of DDTree budgets against every DFlash config, on records written the way the agent writes
+them: configs expanded by `matrix.expand` from a ct200-shaped matrix (SGLang; one DFlash config with spec v2, one
+with --disable-overlap-schedule; ids that are not ct200's, so nothing keys on them), config.json, status.json and
+requests.jsonl through the agent's own `record`, request lines through `records.request_row`, run.json from
+`collector stamp`. Every expected number below is worked out by hand.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+import pandas as pd
+import pytest
+
+from agent import records
+from agent.classify import Reason
+from agent.config import Host, Result, fresh_folder, record
+from agent.engines import ENGINES
+from agent.records import Outcome
+from agent.store import HostStore, write_json
+from collector.__main__ import main as collector_main
+from collector.load import load_run
+from collector.report import VS_FILE, ddtree_vs_dflash, render, scheduling
+from controller import matrix
+from tests.controller.test_matrix import suite_from_host_vars
+
+HOST, MAX_TOKENS = "gpu1", 64
+DFLASH = [{"method": "dflash", "block_size": 16, "id": "spec2", "env": {"SGLANG_ENABLE_SPEC_V2": "1"}},
+          {"method": "dflash", "block_size": 16, "id": "plain", "server_args": ["--disable-overlap-schedule"]}]
+DDTREE = [{"method": "ddtree", "budget": b, "block_size": 16, "server_args": ["--page-size", "1"]} for b in (8, 16, 32)]
+# Every sample list is mean × (5/6, 1, 7/6): relative std 1/6, so each mean's squared relative standard error is
+# 1/108 and every ratio of two of them has the interval ratio · exp(±t(0.975, 4) · sqrt(1/54)) (Welch df exactly 4).
+TOK = {
+    ("autoregressive", "fib"): [10.0, 12.0, 14.0],  # 12
+    ("spec2", "fib"): [20.0, 24.0, 28.0],  # 24
+    ("plain", "fib"): [15.0, 18.0, 21.0],  # 18
+    ("ddtree-b8", "fib"): [30.0, 36.0, 42.0],  # 36
+    ("ddtree-b16", "fib"): [22.5, 27.0, 31.5],  # 27
+    ("ddtree-b32", "fib"): [17.5, 21.0, 24.5],  # 21
+    ("autoregressive", "qsort"): [10.0, 12.0, 14.0],  # 12
+    ("plain", "qsort"): [25.0, 30.0, 35.0],  # 30
+    ("ddtree-b16", "qsort"): [20.0, 24.0, 28.0],  # 24
+    ("autoregressive", "json"): [10.0, 12.0, 14.0],
+    ("spec2", "json"): [20.0, 24.0, 28.0],
+}
+T4 = 2.7764451051977987  # Student t 0.975 quantile, 4 degrees of freedom
+HALF = T4 * math.sqrt(1 / 54)
+
+
+def suite(ddtree: list[dict[str, Any]] = DDTREE) -> dict[str, Any]:
+    b16 = ["ddtree-b16"] if any(c["budget"] == 16 for c in ddtree) else []
+    return {
+        "suite_name": "vs", "engine": "sglang", "engine_python": "/opt/sglang/bin/python", "gpu_count": 1,
+        "model": {"name": "Qwen3.6-27B", "path": "/models/Qwen3.6-27B", "max_model_len": 4096},
+        "draft_model": {"name": "Qwen3.6-27B-DFlash", "path": "/models/Qwen3.6-27B-DFlash"},
+        "env": {"HF_HUB_OFFLINE": "1"},
+        "phases": [{"name": "tp1", "tp": 1, "configs": [{"method": "autoregressive"}, *DFLASH, *ddtree],
+                    "sweeps": [{"workloads": ["fib"], "max_tokens": [MAX_TOKENS]},
+                               # only the non-overlap DFlash and one budget: a group with one DFlash config
+                               {"workloads": ["qsort"], "max_tokens": [MAX_TOKENS],
+                                "methods": ["plain", *b16]},
+                               # DFlash without DDTree: no comparison for this cell
+                               {"workloads": ["json"], "max_tokens": [MAX_TOKENS], "methods": ["spec2"]}]}],
+    }
+
+
+def write_run(root: Path, ddtree: list[dict[str, Any]] = DDTREE,
+              failed: Optional[dict[str, tuple[Reason, str]]] = None) -> Path:
+    """results/<run>/gpu1/<config>/ for every config of the matrix; `failed` maps a label to the reason and
+    detail it ends with instead of measuring."""
+    run_dir = root / "results" / "run-vs"
+    store = HostStore(run_dir, HOST)
+    host = Host(suite=suite(ddtree), engine=ENGINES["sglang"], store=store, engine_info={"version": "0.5.10"})
+    write_json(store.dir / "host.json", {"host": HOST, "hostname": HOST, "gpus": {"count": 1, "devices": []},
+                                         "engine": {"name": "sglang", "version": "0.5.10"}})
+    for cfg in matrix.expand(suite(ddtree)):
+        lab = cfg["config_id"].removeprefix("tp1-")
+        folder = fresh_folder(store, cfg["config_id"])
+        (folder / "server.log").write_text("INFO The server is fired up and ready to roll!\n")
+        if failed and lab in failed:
+            record(host, cfg, Result.failed(*failed[lab]), folder, "2026-12-01T10:00:00.000+00:00")
+            continue
+        identity = {"host": HOST, "config_id": cfg["config_id"], "method": cfg["method"],
+                    "method_params": cfg["method_params"], "tp": cfg["tp"], "engine": cfg["engine"],
+                    "model": cfg["model"]["name"], "phase": cfg["phase"]}
+        rows = []
+        for cell in cfg["cells"]:
+            for rep, tok in enumerate(TOK[(lab, cell["workload"])]):
+                rows.append(records.request_row(identity, cell, rep, {
+                    "prompt_tokens": 40, "completion_tokens": MAX_TOKENS, "ttft_s": 0.05,
+                    "e2e_s": MAX_TOKENS / tok, "output_tok_s": tok, "ok": True, "error": None,
+                    "accept_length": None if cfg["method"] == "autoregressive" else 4.0}))
+        record(host, cfg, Result(Outcome.OK, rows=rows, argv=cfg["command"],
+                                 fields={"ready_s": 60.0, "timed_s": 30.0, "wall_s": 100.0}),
+               folder, "2026-12-01T10:00:00.000+00:00")
+    assert collector_main(["stamp", str(run_dir), "start", "--suite", "vs", "--hosts", HOST]) == 0
+    assert collector_main(["stamp", str(run_dir), "finish", "--suite", "vs", "--hosts", HOST]) == 0
+    return run_dir
+
+
+def pairs(vs: pd.DataFrame, workload: str) -> dict[tuple[str, str], pd.Series]:
+    g = vs[vs["workload"] == workload]
+    return {(r["ddtree_config_id"], r["dflash_config_id"]): r for _, r in g.iterrows()}
+
+
+def view_of(md: str) -> str:
+    """The md report's DDTree-against-DFlash section, up to the next section."""
+    start = md.index("## DDTree budgets against DFlash")
+    end = md.find("\n## ", start)
+    return md[start:] if end < 0 else md[start:end]
+
+
+def test_three_budgets_against_two_dflash_configs(tmp_path: Path) -> None:
+    """fib: baseline 12, DFlash spec2 24 (overlap) and plain 18 (no overlap), DDTree b8/b16/b32 36/27/21 tok/s:
+    speedups 3, 2.25, 1.75; DDTree ÷ spec2 1.5, 1.125, 0.875; ÷ plain 2, 1.5, 7/6; every interval the ratio
+    · exp(±t(0.975, 4) · sqrt(1/54))."""
+    vs = ddtree_vs_dflash(load_run(write_run(tmp_path)))
+    fib = pairs(vs, "fib")
+    assert list(fib) == [(f"tp1-ddtree-b{b}", f"tp1-{d}") for b in (8, 16, 32) for d in ("plain", "spec2")]
+    want = {8: (36.0, 3.0, {"spec2": 1.5, "plain": 2.0}), 16: (27.0, 2.25, {"spec2": 1.125, "plain": 1.5}),
+            32: (21.0, 1.75, {"spec2": 0.875, "plain": 7 / 6})}
+    for budget, (mean, speedup, ratios) in want.items():
+        for dflash, ratio in ratios.items():
+            r = fib[(f"tp1-ddtree-b{budget}", f"tp1-{dflash}")]
+            assert r["budget"] == budget and r["ddtree_n"] == 3 and r["ddtree_status"] == "ok"
+            assert r["ddtree_tok_s_mean"] == pytest.approx(mean)
+            assert r["ddtree_tok_s_std"] == pytest.approx(mean / 6)  # mean × 1/6, ddof=1
+            assert r["speedup"] == pytest.approx(speedup)
+            assert r["speedup_ci_low"] == pytest.approx(speedup * math.exp(-HALF), rel=1e-9)
+            assert r["speedup_ci_high"] == pytest.approx(speedup * math.exp(HALF), rel=1e-9)
+            assert r["ddtree_over_dflash"] == pytest.approx(ratio)
+            assert r["ddtree_over_dflash_ci_low"] == pytest.approx(ratio * math.exp(-HALF), rel=1e-9)
+            assert r["ddtree_over_dflash_ci_high"] == pytest.approx(ratio * math.exp(HALF), rel=1e-9)
+            assert r["dflash_tok_s_mean"] == pytest.approx(24.0 if dflash == "spec2" else 18.0)
+            assert r["dflash_n"] == 3 and r["dflash_status"] == "ok"
+    # exp(HALF) = 1.459: 2 [1.37, 2.92] and 1.5 [1.03, 2.19] are faster, 1.125 [0.77, 1.64] is not
+    assert fib[("tp1-ddtree-b8", "tp1-plain")]["ddtree_over_dflash_significant"] == "faster"
+    assert fib[("tp1-ddtree-b8", "tp1-spec2")]["ddtree_over_dflash_significant"] == "faster"
+    assert fib[("tp1-ddtree-b16", "tp1-spec2")]["ddtree_over_dflash_significant"] == "no"
+    # the scheduling path, read from config.json: plain has --disable-overlap-schedule, spec2 spec v2 on
+    for (_, dflash), r in fib.items():
+        assert r["dflash_scheduling"] == ("no_overlap" if dflash == "tp1-plain" else "overlap")
+        assert bool(r["same_path_as_ddtree"]) is (dflash == "tp1-plain")
+    # qsort has only the non-overlap DFlash and b16: 24 / 30 = 0.8, speedup 24 / 12 = 2; json has no DDTree
+    assert list(pairs(vs, "qsort")) == [("tp1-ddtree-b16", "tp1-plain")]
+    assert pairs(vs, "qsort")[("tp1-ddtree-b16", "tp1-plain")]["ddtree_over_dflash"] == pytest.approx(0.8)
+    assert pairs(vs, "qsort")[("tp1-ddtree-b16", "tp1-plain")]["speedup"] == pytest.approx(2.0)
+    assert pairs(vs, "json") == {}
+    assert len(vs) == 7
+
+
+def test_markdown_table_per_cell(tmp_path: Path) -> None:
+    """The md report: one table per cell group holding both methods, a row per budget, a ratio column per DFlash
+    config with the non-overlap one marked; none for json."""
+    md = render(load_run(write_run(tmp_path)), "md")
+    view = view_of(md)
+    assert "### gpu1 tp1: fib, 64 tok" in view and "### gpu1 tp1: qsort, 64 tok" in view
+    assert "json" not in view
+    fib = view[view.index("### gpu1 tp1: fib"):view.index("### gpu1 tp1: qsort")]
+    assert "- DFlash `tp1-plain`: 18.0 ± 3.0 tok/s (n=3); overlap off: same path as DDTree" in fib
+    assert "- DFlash `tp1-spec2`: 24.0 ± 4.0 tok/s (n=3); overlap on" in fib
+    lines = [line for line in fib.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert header == ["budget", "config_id", "tok/s", "speedup", "÷ tp1-plain (same path)", "÷ tp1-spec2", "status"]
+    b8 = [c.strip() for c in lines[2].strip("|").split("|")]
+    lo, hi = math.exp(-HALF), math.exp(HALF)
+    assert b8 == ["8", "tp1-ddtree-b8", "36.0 ± 6.0 (n=3)", f"3.00 [{3 * lo:.2f}, {3 * hi:.2f}]",
+                  f"2.00 [{2 * lo:.2f}, {2 * hi:.2f}]", f"1.50 [{1.5 * lo:.2f}, {1.5 * hi:.2f}]", "ok"]
+    assert [c.strip() for c in lines[3].strip("|").split("|")][:2] == ["16", "tp1-ddtree-b16"]
+    assert [c.strip() for c in lines[4].strip("|").split("|")][:2] == ["32", "tp1-ddtree-b32"]
+
+
+def test_csv_file_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`report --write` writes the comparison's CSV beside report.csv; report.csv keeps its rows; the JSON report
+    carries the same rows under ddtree_vs_dflash."""
+    run_dir = write_run(tmp_path)
+    assert collector_main(["report", str(run_dir), "--format", "json", "--write"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    got = list(csv.DictReader(io.StringIO((run_dir / VS_FILE).read_text())))
+    assert len(got) == len(doc["ddtree_vs_dflash"]) == 7
+    first = got[0]
+    assert (first["ddtree_config_id"], first["dflash_config_id"], first["budget"]) == ("tp1-ddtree-b8", "tp1-plain",
+                                                                                       "8")
+    assert float(first["ddtree_over_dflash"]) == pytest.approx(2.0)
+    assert first["same_path_as_ddtree"] == "True" and first["dflash_scheduling"] == "no_overlap"
+    assert doc["ddtree_vs_dflash"][0]["ddtree_over_dflash"] == pytest.approx(2.0)
+    assert doc["ddtree_vs_dflash"][0]["same_path_as_ddtree"] is True
+    table_rows = list(csv.DictReader(io.StringIO((run_dir / "report.csv").read_text())))
+    assert len(table_rows) == 6 + 3 + 2  # fib: 6 configs; qsort: baseline, plain, b16; json: baseline, spec2
+
+
+def test_failed_budget_is_shown_with_its_reason(tmp_path: Path) -> None:
+    """A DDTree budget that did not fit keeps its rows (one per DFlash config) with the reason and no numbers,
+    and its md row says failed: does_not_fit; the other budgets are unchanged."""
+    run_dir = write_run(tmp_path, failed={"ddtree-b32": (Reason.DOES_NOT_FIT, "KV cache 30.1 GiB > 21.0 GiB")})
+    run = load_run(run_dir)
+    vs = ddtree_vs_dflash(run)
+    fib = pairs(vs, "fib")
+    for dflash in ("tp1-plain", "tp1-spec2"):
+        r = fib[("tp1-ddtree-b32", dflash)]
+        assert r["ddtree_status"] == "does_not_fit" and r["ddtree_n"] == 0 and r["budget"] == 32
+        assert all(pd.isna(r[c]) for c in ("ddtree_tok_s_mean", "speedup", "ddtree_over_dflash",
+                                            "ddtree_over_dflash_ci_low"))
+    assert fib[("tp1-ddtree-b8", "tp1-plain")]["ddtree_over_dflash"] == pytest.approx(2.0)
+    md = render(run, "md")
+    view = view_of(md)
+    b32 = [line for line in view.splitlines() if "tp1-ddtree-b32" in line]
+    assert len(b32) == 1  # fib only: b32 is not in the qsort sweep
+    cells = [c.strip() for c in b32[0].strip("|").split("|")]
+    assert cells == ["32", "tp1-ddtree-b32", "", "", "", "", "failed: does_not_fit"]
+
+
+def test_failed_dflash_config_keeps_its_column(tmp_path: Path) -> None:
+    """A DFlash config that crashed is still listed, with its reason; its ratios are blank, the other's are kept."""
+    run = load_run(write_run(tmp_path, failed={"spec2": (Reason.CRASHED, "exit 1")}))
+    fib = pairs(ddtree_vs_dflash(run), "fib")
+    assert fib[("tp1-ddtree-b8", "tp1-spec2")]["dflash_status"] == "crashed"
+    assert pd.isna(fib[("tp1-ddtree-b8", "tp1-spec2")]["ddtree_over_dflash"])
+    assert fib[("tp1-ddtree-b8", "tp1-plain")]["ddtree_over_dflash"] == pytest.approx(2.0)
+    view = view_of(render(run, "md"))
+    assert "- DFlash `tp1-spec2`: failed: crashed; overlap on" in view
+    b8 = next(line for line in view.splitlines() if "tp1-ddtree-b8" in line)
+    assert [c.strip() for c in b8.strip("|").split("|")][4:] == [
+        f"2.00 [{2 * math.exp(-HALF):.2f}, {2 * math.exp(HALF):.2f}]", "", "ok"]
+
+
+def test_no_ddtree_no_view(tmp_path: Path) -> None:
+    """A run with DFlash but no DDTree: no section in md, no CSV file (a stale one removed), an empty list in JSON."""
+    run_dir = write_run(tmp_path, ddtree=[])
+    (run_dir / VS_FILE).write_text("stale\n")
+    run = load_run(run_dir)
+    assert ddtree_vs_dflash(run).empty
+    assert "DDTree" not in render(run, "md")
+    assert json.loads(render(run, "json"))["ddtree_vs_dflash"] == []
+    assert collector_main(["report", str(run_dir), "--write"]) == 0
+    assert not (run_dir / VS_FILE).exists()
+    assert (run_dir / "report.csv").is_file()
+
+
+@pytest.mark.parametrize(("server_args", "env", "engine", "want"), [
+    (["--disable-overlap-schedule"], {"SGLANG_ENABLE_SPEC_V2": "1"}, "sglang", "no_overlap"),  # the flag wins
+    ([], {}, "sglang", "no_overlap"),  # spec v1: SGLang turns overlap off for speculative decoding
+    ([], {"SGLANG_ENABLE_SPEC_V2": "0"}, "sglang", "no_overlap"),
+    ([], {"SGLANG_ENABLE_SPEC_V2": "True"}, "sglang", "overlap"),
+    ([], {"SGLANG_ENABLE_SPEC_V2": "1"}, "vllm", None),  # not an SGLang config: cannot be told
+    (None, None, "sglang", None),  # config.json lost
+])
+def test_scheduling_path_from_the_records(tmp_path: Path, server_args: Optional[list[str]],
+                                          env: Optional[dict[str, str]], engine: str, want: Optional[str]) -> None:
+    """The path is read from config.json's server_args and environment, never from the config's id."""
+    run_dir = write_run(tmp_path, ddtree=[])
+    path = run_dir / HOST / "tp1-plain" / "config.json"
+    config = json.loads(path.read_text())
+    assert config["server_args"][-1] == "--disable-overlap-schedule" and "SGLANG_ENABLE_SPEC_V2" not in config[
+        "environment"]  # as the agent recorded it
+    if server_args is None:
+        path.unlink()
+    else:
+        write_json(path, {**config, "engine": engine, "server_args": server_args, "environment": env,
+                          "command": [a for a in config["command"] if a != "--disable-overlap-schedule"]})
+    c = next(c for c in load_run(run_dir).configs if c.config_id == "tp1-plain")
+    assert scheduling(c) == want
+
+
+def test_ct200_profile_pairs_ddtree_with_its_non_overlap_dflash(tmp_path: Path) -> None:
+    """The ct200 profile's records, as the agent writes them: in every phase the DFlash config with
+    --disable-overlap-schedule and no spec v2 is on DDTree's path, the spec-v2 one is not."""
+    configs = matrix.expand(suite_from_host_vars("ct200"))
+    store = HostStore(tmp_path / "results" / "run-ct200", "ct200")
+    host = Host(suite={}, engine=ENGINES["sglang"], store=store, engine_info={"version": "0.5.10"})
+    for cfg in configs:
+        if cfg["method"] == "dflash":
+            record(host, cfg, Result(Outcome.OK, argv=cfg["command"]), fresh_folder(store, cfg["config_id"]),
+                   "2026-12-01T10:00:00.000+00:00")
+    paths = {c.config_id: scheduling(c) for c in load_run(store.dir.parent).configs}
+    assert paths == {f"{tp}-{lab}": ("overlap" if lab == "dflash" else "no_overlap")
+                     for tp in ("tp1", "tp4", "tp8") for lab in ("dflash", "dflash-nooverlap")}
