@@ -4,7 +4,7 @@
 Each host is a `systemd-nspawn -b` machine booted from its own overlayfs over one cached debootstrap rootfs, in its
 own network namespace joined by a veth to a bridge on this machine. Stdlib only; needs root.
 
-    python tests/hosts/testhosts.py up --count 2 --state DIR [--bind-ro SRC:DST ...] [--apt-proxy]
+    python tests/hosts/testhosts.py up --count 2 --state DIR [--bind-ro SRC:DST ...] [--apt-proxy] [--device-policy]
     python tests/hosts/testhosts.py down --state DIR
 
 API: TestHosts(state_dir).up(2, binds=[...]) -> list[Host]; .hosts; .ssh(name, command); .down().
@@ -46,6 +46,12 @@ SSH_OPTS = ("-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/nul
 # Only these states are final answers of `systemctl is-system-running`; starting/initializing are polled again.
 GOOD_STATES = ("running", "degraded")
 BAD_STATES = ("maintenance", "stopping", "offline")
+# --device-policy: systemd inside enforces DevicePolicy=/DeviceAllow= as on a Debian 12 or Proxmox 8 host. Its
+# device filter is a BPF program on the unit's cgroup v2; with this VM's hybrid hierarchy systemd 252 writes the
+# cgroup v1 devices controller instead, which nspawn mounts read-only ("Failed to reset devices.allow/devices.deny"),
+# and enforces nothing. So: the unified hierarchy inside, and bpf(), which nspawn's syscall filter leaves out.
+DEVICE_POLICY_ENV = {"SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"}
+DEVICE_POLICY_ARGS = ("--system-call-filter=bpf",)
 
 
 class TestHostsError(RuntimeError):
@@ -604,12 +610,14 @@ class TestHosts:
 
     # ---------------------------------------------------------------- up
     def up(self, count: int, binds: Iterable[Bind | str] = (), apt_proxy: bool = False,
-           timeout: float = 180) -> List[Host]:
+           timeout: float = 180, device_policy: bool = False) -> List[Host]:
         """Bring up th1..th<count> (stopping any beyond count); return when each answers SSH and systemd is up.
 
-        A running host whose binds differ is restarted. A host that is (re)started begins from a fresh overlay.
-        apt_proxy starts apt-cacher-ng on the bridge address and points each machine's apt at it; once started it
-        stays until down(). timeout bounds the boot wait (the rootfs build has its own, longer deadline).
+        A running host whose binds or device_policy differ is restarted. A host that is (re)started begins from a
+        fresh overlay. apt_proxy starts apt-cacher-ng on the bridge address and points each machine's apt at it; once
+        started it stays until down(). device_policy boots the machines so that systemd inside enforces the units'
+        DevicePolicy= and DeviceAllow= (see DEVICE_POLICY_ENV). timeout bounds the boot wait (the rootfs build has
+        its own, longer deadline).
         """
         if os.geteuid() != 0:
             raise TestHostsError("test hosts need root (mounts, network namespaces, systemd-nspawn)")
@@ -639,15 +647,16 @@ class TestHosts:
             for name in wanted:
                 entry = state["hosts"].get(name)
                 if entry and self._host_running(name, entry):
-                    if entry.get("binds", []) == [b.spec() for b in bind_list] and entry.get("rootfs") == str(rootfs):
+                    if entry.get("binds", []) == [b.spec() for b in bind_list] and entry.get("rootfs") == str(rootfs) \
+                            and entry.get("device_policy", False) == device_policy:
                         continue
-                    log(f"{name}: binds or rootfs changed, restarting it")
+                    log(f"{name}: binds, rootfs or device policy changed, restarting it")
                 if entry:
                     errors = []
                     self._stop_host(state, name, errors)
                     if errors:
                         raise TestHostsError(f"{name}: cannot clean up the previous machine: {'; '.join(errors)}")
-                self._create_host(state, name, rootfs, bind_list)
+                self._create_host(state, name, rootfs, bind_list, device_policy)
             for name in wanted:  # every machine knows every other by name
                 self._write_etc_hosts(name, wanted)
             self._write_inventory(wanted)
@@ -699,13 +708,14 @@ class TestHosts:
                 and Path("/run/netns", self.netns(name)).exists()
                 and os.path.ismount(self.machine_dir(name) / "merged"))
 
-    def _create_host(self, state: Dict[str, Any], name: str, rootfs: Path, binds: Sequence[Bind]) -> None:
+    def _create_host(self, state: Dict[str, Any], name: str, rootfs: Path, binds: Sequence[Bind],
+                     device_policy: bool = False) -> None:
         ip, netns = self.ip_of(name), self.netns(name)
         if Path("/run/netns", netns).exists():
             raise TestHostsError(f"network namespace {netns} exists and is not recorded in {self.state_path}")
         mdir = self.machine_dir(name)
         state["hosts"][name] = {"ip": ip, "netns": netns, "veth": netns, "binds": [b.spec() for b in binds],
-                                "rootfs": str(rootfs)}
+                                "rootfs": str(rootfs), "device_policy": device_policy}
         self._save(state)  # recorded before anything exists, so a failed up can always be cleaned by down
         if mdir.exists():
             shutil.rmtree(mdir)
@@ -728,14 +738,15 @@ class TestHosts:
         cmd = ["systemd-nspawn", "--keep-unit", "--register=no", f"--machine={netns}", f"--hostname={name}",
                "-D", str(mdir / "merged"), "-b", f"--network-namespace-path=/run/netns/{netns}",
                "--console=read-only", "--link-journal=no", "--resolv-conf=off", "--settings=no",
-               *[b.option() for b in binds]]
+               *(DEVICE_POLICY_ARGS if device_policy else ()), *[b.option() for b in binds]]
+        env_extra = DEVICE_POLICY_ENV if device_policy else {}
         logfile = self.log_path(name)
         logfile.parent.mkdir(parents=True, exist_ok=True)
         with open(logfile, "w") as out:
-            out.write(f"# {' '.join(cmd)}\n")
+            out.write(f"# {' '.join([*(f'{k}={v}' for k, v in env_extra.items()), *cmd])}\n")
             out.flush()
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True, close_fds=True)
+                                    start_new_session=True, close_fds=True, env={**os.environ, **env_extra})
         start = proc_start(proc.pid)
         self._children[proc.pid] = proc
         state["hosts"][name].update(pid=proc.pid, start=start)
@@ -965,7 +976,7 @@ class TestHosts:
             entry = state["hosts"][host.name]
             out.append({"name": host.name, "ip": host.ip, "running": self._host_running(host.name, entry),
                         "pid": entry.get("pid"), "leader": entry.get("leader"), "binds": entry.get("binds", []),
-                        "log": str(self.log_path(host.name))})
+                        "device_policy": entry.get("device_policy", False), "log": str(self.log_path(host.name))})
         return out
 
 
@@ -979,6 +990,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     up.add_argument("--bind-ro", action="append", default=[], metavar="SRC[:DST]",
                     help="read-only bind into every machine (repeatable)")
     up.add_argument("--apt-proxy", action="store_true", help="apt-cacher-ng on the bridge address for apt inside")
+    up.add_argument("--device-policy", action="store_true",
+                    help="systemd inside enforces DevicePolicy=/DeviceAllow= (cgroup v2 inside, bpf() allowed)")
     up.add_argument("--bridge", help=f"bridge name (default {DEFAULT_BRIDGE}, or what STATE recorded)")
     up.add_argument("--subnet", help=f"IPv4 subnet (default {DEFAULT_SUBNET}, or what STATE recorded)")
     up.add_argument("--cache", help=f"rootfs cache folder (default $TESTHOSTS_CACHE or {DEFAULT_CACHE})")
@@ -997,7 +1010,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             th = TestHosts(args.state, bridge=args.bridge, subnet=args.subnet, cache_dir=args.cache,
                            mirror=args.mirror)
             t0 = time.monotonic()
-            th.up(args.count, binds=args.bind_ro, apt_proxy=args.apt_proxy, timeout=args.timeout)
+            th.up(args.count, binds=args.bind_ro, apt_proxy=args.apt_proxy, timeout=args.timeout,
+                  device_policy=args.device_policy)
             log(f"up: {len(th.hosts)} host(s) ready in {time.monotonic() - t0:.1f} s; inventory {th.inventory_path}")
             print(th.inventory_path.read_text(), end="")
         elif args.action == "down":
