@@ -455,8 +455,49 @@ def pve_uses_devn(pveversion: Text, minimum: str = "8.1") -> bool:
     return _version_tuple(version) >= _version_tuple(minimum)
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Inside the container: the engine unit's DeviceAllow= lines
+# ---------------------------------------------------------------------------------------------------------------
+
+_DEVICE_GROUP = re.compile(r"^(char|block)-\S+$")
+
+
+def device_allow(entries: Sequence[str], found: Sequence[Mapping[str, Any]] = ()) -> dict[str, list[str]]:
+    """The DeviceAllow= lines of a systemd unit from entries `PATH [ACCESS]` or `char-NAME [ACCESS]`.
+
+    systemd takes a device path (stat'ed at every start of the unit; a missing one is skipped with "Couldn't stat
+    device") or a `char-`/`block-` group of /proc/devices, but no glob: `DeviceAllow=/dev/nvidia[0-9]*` allows
+    nothing. So each path entry, glob or not, becomes one line per character or block node it matched on the host
+    (`found`: one `find` result per path entry, `{item: entry, files: [{path, ischr, isblk}, ...]}`), with the
+    entry's access; groups are kept as written. Returns {lines, unmatched (path entries that matched no node),
+    problems (entries systemd would not take)}.
+    """
+    by_entry = {r.get("item"): r.get("files") or [] for r in found}
+    lines: list[str] = []
+    unmatched: list[str] = []
+    problems: list[str] = []
+    for entry in entries:
+        parts = str(entry).split()
+        target, access = (parts[0], parts[1:]) if parts else ("", [])
+        if len(access) > 1 or (access and not re.fullmatch(r"[rwm]+", access[0])):
+            problems.append(f"{entry!r}: the access is one word of r, w and m (e.g. 'rw')")
+            continue
+        if _DEVICE_GROUP.match(target):  # systemd matches the name against /proc/devices itself (fnmatch)
+            lines.append(" ".join(parts))
+            continue
+        if not target.startswith("/dev/"):
+            problems.append(f"{entry!r}: want a path under /dev/ (globs allowed) or char-NAME / block-NAME")
+            continue
+        nodes = sorted(f["path"] for f in by_entry.get(entry, []) if f.get("ischr") or f.get("isblk"))
+        if not nodes:
+            unmatched.append(str(entry))
+        lines += [" ".join([node, *access]) for node in nodes]
+    return {"lines": list(dict.fromkeys(lines)), "unmatched": unmatched, "problems": problems}
+
+
 # The functions the bench roles use as filters (plugins/filter/nvidia.py).
 FILTERS = (
+    "device_allow",
     "proc_devices",
     "nvidia_majors",
     "nvidia_dev_listing",

@@ -2,6 +2,7 @@
 host (tests/fixtures/nvidia-h200)."""
 from __future__ import annotations
 
+import fnmatch
 import re
 from pathlib import Path
 
@@ -328,3 +329,51 @@ def test_a_config_from_before_the_record_adopts_exactly_the_lines_the_role_write
     assert nvidia.lxc_stale_lines(config.replace("allow:  c 238", "allow: c 238"), moved,
                                   nvidia.lxc_adopted_lines(config.replace("allow:  c 238", "allow: c 238"), RAW_V2)
                                   ) == [RAW_V2[1]]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The engine unit's DeviceAllow= lines
+# ---------------------------------------------------------------------------------------------------------------
+
+NVIDIA_ALLOW = ["/dev/nvidia[0-9]* rw", "/dev/nvidiactl rw", "/dev/nvidia-uvm rw", "/dev/nvidia-uvm-tools rw",
+                "/dev/nvidia-caps/* rw"]
+
+
+def find_results(entries: list[str], nodes: list[str]) -> list[dict]:
+    """What the role's `find` (paths: the entry's folder, patterns: its last part) registers on a host with
+    `nodes` (character devices) and a folder /dev/nvidia-caps."""
+    files = [{"path": p, "ischr": True, "isblk": False} for p in nodes] + \
+            [{"path": "/dev/nvidia-caps", "ischr": False, "isblk": False, "isdir": True}]
+    results = []
+    for entry in [e for e in entries if e.startswith("/")]:
+        path = entry.split()[0]
+        folder, pattern = path.rsplit("/", 1)
+        results.append({"item": entry, "files": [f for f in files if f["path"].rsplit("/", 1)[0] == folder
+                                                 and fnmatch.fnmatch(f["path"].rsplit("/", 1)[1], pattern)]})
+    return results
+
+
+def test_device_allow_expands_patterns_into_the_nodes_of_the_h200_capture() -> None:
+    """Every node of the real capture, one line each with the entry's access; a node outside the patterns
+    (nvidia-nvswitch0, nvidia-modeset) gets none; a directory matched by a pattern is no device."""
+    listed = [n["path"] for n in nvidia.nvidia_dev_listing(capture("dev-nvidia.txt"))]
+    nodes = listed + ["/dev/nvidia1", "/dev/nvidia-nvswitch0", "/dev/nvidia-modeset", "/dev/infiniband/uverbs0"]
+    out = nvidia.device_allow(NVIDIA_ALLOW, find_results(NVIDIA_ALLOW, nodes))
+    assert out == {"lines": ["/dev/nvidia0 rw", "/dev/nvidia1 rw", "/dev/nvidiactl rw", "/dev/nvidia-uvm rw",
+                             "/dev/nvidia-uvm-tools rw", "/dev/nvidia-caps/nvidia-cap1 rw",
+                             "/dev/nvidia-caps/nvidia-cap2 rw"],
+                   "unmatched": [], "problems": []}
+
+
+def test_device_allow_keeps_groups_and_reports_what_matched_nothing() -> None:
+    """No node on the host (a CPU machine): every path entry is reported, groups (globs included: systemd matches
+    them against /proc/devices) stay as written, duplicates once; a bad access or a relative path is a problem."""
+    entries = ["char-nvidia rw", "/dev/nvidia[0-9]* rw", "char-nvidia rw", "block-loop*", "/dev/nvidiactl"]
+    out = nvidia.device_allow(entries, find_results(entries, []))
+    assert out == {"lines": ["char-nvidia rw", "block-loop*"], "unmatched": ["/dev/nvidia[0-9]* rw", "/dev/nvidiactl"],
+                   "problems": []}
+    assert nvidia.device_allow([])["lines"] == []
+    bad = nvidia.device_allow(["/dev/nvidia0 rx", "nvidia0 rw", "/dev/nvidiactl r w", "/etc/passwd r"])
+    assert [p.split(":")[0] for p in bad["problems"]] == ["'/dev/nvidia0 rx'", "'nvidia0 rw'", "'/dev/nvidiactl r w'",
+                                                          "'/etc/passwd r'"]
+    assert bad["lines"] == []
