@@ -232,6 +232,90 @@ def test_sglang_prepared_checkout_without_clone(tmp_path: Path, upstream: dict[s
     assert (prepared / "python/sglang/srt/ddtree.py").exists()
 
 
+
+def _pull_request(repo: Path, number: int, algorithms: str) -> str:
+    """Push a commit that is on no branch and no tag to refs/pull/<number>/head, as GitHub keeps a pull request's
+    head; returns its commit."""
+    git(repo, "checkout", "-q", "--detach", "v0.0.1")
+    (repo / "python/sglang/srt/spec.py").write_text(SPEC_PY.replace('["EAGLE", "DFLASH"]', algorithms))
+    git(repo, "commit", "-q", "-am", f"pull request {number}")
+    commit = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "update-ref", f"refs/pull/{number}/head", commit)
+    git(repo, "checkout", "-q", "main")
+    return commit
+
+
+def test_sglang_pull_request_head_is_fetched_resolved_and_kept(tmp_path: Path, upstream: dict[str, Path]) -> None:
+    """`sglang_git_refspec: pull/7/head` builds the pull request's head (a ref no clone brings), records repo,
+    refspec and commit, keeps that commit when the pull request moves, and moves only to a pinned commit."""
+    repo = upstream["repo"]
+    first_head = _pull_request(repo, 7, '["EAGLE", "DFLASH", "DDTREE"]')
+    assert git(repo, "branch", "--contains", first_head) == "" and git(repo, "tag", "--contains", first_head) == ""
+    (upstream["patches"] / "0001-ddtree.patch").unlink()          # the pull request carries DDTREE itself
+    v = sglang_vars(tmp_path, upstream, sglang_git_refspec="pull/7/head")
+    spec = tmp_path / "src/python/sglang/srt/spec.py"
+
+    checked = play(tmp_path, "sglang", v, check=True)                 # a fresh host: says what it would fetch
+    assert checked.rc == 0 and checked.ran("Say what the refspec route would fetch"), checked.out[-4000:]
+    assert not (tmp_path / "src").exists()
+
+    first = play(tmp_path, "sglang", v)
+    assert first.rc == 0, first.out[-4000:]
+    assert git(tmp_path / "src", "rev-parse", "HEAD").strip() == first_head
+    assert '"DDTREE"' in spec.read_text() and (spec.parent / "ddtree.py").exists()   # + the remaining patch
+    record = json.loads((tmp_path / "etc/engine-patches.json").read_text())
+    assert {k: record[k] for k in ("repo", "ref", "refspec", "commit")} == {
+        "repo": str(repo), "ref": None, "refspec": "refs/pull/7/head", "commit": first_head}
+    assert [p["name"] for p in record["patches"]] == ["0002-ddtree-budget.patch"]
+
+    again = play(tmp_path, "sglang", v)
+    assert again.rc == 0 and again.stats["changed"] == 0, again.out[-4000:]
+    assert not again.ran("Fetch the refspec")
+
+    moved = _pull_request(repo, 7, '["EAGLE", "DFLASH", "DDTREE", "DDTREE_V2"]')     # the author pushes again
+    kept = play(tmp_path, "sglang", v)
+    assert kept.rc == 0 and kept.stats["changed"] == 0, kept.out[-4000:]
+    assert git(tmp_path / "src", "rev-parse", "HEAD").strip() == first_head
+
+    pinned = play(tmp_path, "sglang", {**v, "sglang_git_ref": moved})   # pin the new head: fetched and built
+    assert pinned.rc == 0 and pinned.ran("Fetch the refspec"), pinned.out[-4000:]
+    assert git(tmp_path / "src", "rev-parse", "HEAD").strip() == moved and "DDTREE_V2" in spec.read_text()
+    record = json.loads((tmp_path / "etc/engine-patches.json").read_text())
+    assert (record["ref"], record["refspec"], record["commit"]) == (moved, "refs/pull/7/head", moved)
+
+    back = play(tmp_path, "sglang", {**v, "sglang_git_refspec": "", "sglang_git_ref": "v0.0.1"})  # the tag route
+    assert back.rc == 0, back.out[-4000:]
+    record = json.loads((tmp_path / "etc/engine-patches.json").read_text())
+    assert (record["ref"], record["refspec"]) == ("v0.0.1", None)
+    assert record["commit"] == git(repo, "rev-parse", "v0.0.1^{commit}").strip()
+
+
+def test_sglang_fork_branch_replaces_the_origin(tmp_path: Path, upstream: dict[str, Path]) -> None:
+    """A fork (another repository URL) with its branch: origin is switched and the fork's commit recorded."""
+    assert play(tmp_path, "sglang", sglang_vars(tmp_path, upstream)).rc == 0
+    fork = tmp_path / "fork"
+    git(tmp_path, "clone", "-q", str(upstream["repo"]), str(fork))
+    git(fork, "checkout", "-q", "-b", "ddtree")
+    (fork / "python/sglang/srt/spec.py").write_text(SPEC_PY.replace('"DFLASH"]', '"DFLASH", "DDTREE"]'))
+    git(fork, "commit", "-q", "-am", "ddtree on a fork")
+    head = git(fork, "rev-parse", "HEAD").strip()
+    (upstream["patches"] / "0001-ddtree.patch").unlink()
+    v = sglang_vars(tmp_path, upstream, sglang_git_repo=str(fork), sglang_git_refspec="refs/heads/ddtree")
+    run = play(tmp_path, "sglang", v)
+    assert run.rc == 0 and run.ran("Point origin at the repository"), run.out[-4000:]
+    assert git(tmp_path / "src", "remote", "get-url", "origin").strip() == str(fork)
+    record = json.loads((tmp_path / "etc/engine-patches.json").read_text())
+    assert (record["repo"], record["refspec"], record["commit"]) == (str(fork), "refs/heads/ddtree", head)
+    assert play(tmp_path, "sglang", v).stats["changed"] == 0
+
+
+@pytest.mark.parametrize("bad", ["pull/7/../head", "-upload-pack=x", "pull/7/head/", "refs//x", "pull 7"])
+def test_sglang_refspec_that_is_not_one_ref_fails_before_git(tmp_path: Path, upstream: dict[str, Path],
+                                                            bad: str) -> None:
+    run = play(tmp_path, "sglang", sglang_vars(tmp_path, upstream, sglang_git_refspec=bad))
+    assert run.rc != 0 and "is not one ref name" in run.out, run.out[-3000:]
+    assert not (tmp_path / "src").exists()
+
 @pytest.mark.skipif(not (WHEELHOUSE / ".complete").exists(), reason="no offline wheelhouse: run `make wheelhouse`")
 def test_sglang_editable_install_runs_only_when_the_applied_set_changes(tmp_path: Path,
                                                                        upstream: dict[str, Path]) -> None:
