@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from controller import passthrough as nvidia
 
@@ -335,8 +336,8 @@ def test_a_config_from_before_the_record_adopts_exactly_the_lines_the_role_write
 # The engine unit's DeviceAllow= lines
 # ---------------------------------------------------------------------------------------------------------------
 
-NVIDIA_ALLOW = ["/dev/nvidia[0-9]* rw", "/dev/nvidiactl rw", "/dev/nvidia-uvm rw", "/dev/nvidia-uvm-tools rw",
-                "/dev/nvidia-caps/* rw"]
+CT200 = yaml.safe_load((FIXTURES.parents[2] / "host_vars/ct200.yml").read_text())
+NVIDIA_ALLOW = CT200["bench_service_device_allow"]
 
 
 def find_results(entries: list[str], nodes: list[str]) -> list[dict]:
@@ -353,9 +354,10 @@ def find_results(entries: list[str], nodes: list[str]) -> list[dict]:
     return results
 
 
-def test_device_allow_expands_patterns_into_the_nodes_of_the_h200_capture() -> None:
-    """Every node of the real capture, one line each with the entry's access; a node outside the patterns
-    (nvidia-nvswitch0, nvidia-modeset) gets none; a directory matched by a pattern is no device."""
+def test_ct200_device_allow_expands_into_the_nodes_of_the_h200_capture() -> None:
+    """ct200's list (systemd backend): every node of the real capture, one line each with the entry's access; a
+    node outside the patterns (nvidia-nvswitch0, nvidia-modeset) gets none; a directory matched is no device."""
+    assert CT200["bench_backend"] == "systemd"
     listed = [n["path"] for n in nvidia.nvidia_dev_listing(capture("dev-nvidia.txt"))]
     nodes = listed + ["/dev/nvidia1", "/dev/nvidia-nvswitch0", "/dev/nvidia-modeset", "/dev/infiniband/uverbs0"]
     out = nvidia.device_allow(NVIDIA_ALLOW, find_results(NVIDIA_ALLOW, nodes))
