@@ -42,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
              "invocation": args.invocation}
     write_json(host_dir / "agent.json", state)
     try:
-        rc = Suite(plan, root, force=args.force, invocation=args.invocation).run()
+        rc = Suite(plan, root, force=args.force, invocation=args.invocation,
+                   skip_unsupported=args.skip_unsupported).run()
         state.update(state="finished", finished_at=now_iso())
         return rc
     except BaseException as exc:
@@ -86,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--plan", required=True)
     r.add_argument("--results", required=True, help="results root on this host")
     r.add_argument("--force", action="store_true", help="re-run configs already ok")
+    r.add_argument("--skip-unsupported", action="store_true",
+                   help="record configs with flags the engine does not know as skipped, not failed")
     r.add_argument("--invocation", default=uuid.uuid4().hex, help="an id for this start, carried by its events")
     r.set_defaults(func=run)
     k = sub.add_parser("pack", help="archive one host's results")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import time
@@ -16,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Set
 
-from . import fit, gpu
+from . import fit, gpu, probe
 from .classify import Reason, classify, tail
 from .engines import PORT, Engine
 from .measure import Endpoint, Measured, PromptError, measure
@@ -37,7 +36,7 @@ from .sweep import MARK
 from .systemd import SystemdServer
 
 ENV_PASSTHROUGH = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH", "CUDA_HOME")
-FLAG = re.compile(r"(?<![\w-])--[A-Za-z0-9][A-Za-z0-9_-]*")
+
 
 
 @dataclass
@@ -53,6 +52,8 @@ class Host:
     gpu_count: int = 0
     gpu_memory_mib: int = 0  # one GPU's memory, for the fit check (0: no GPU known, no check)
     flags: Optional[Set[str]] = None
+    choices: Dict[str, List[str]] = field(default_factory=dict)
+    skip_unsupported: bool = False  # record configs with unknown flags skipped instead of failed
 
     @property
     def bind_host(self) -> str:
@@ -96,16 +97,12 @@ def config_digest(cfg: Mapping[str, Any]) -> str:
 
 def engine_flags(engine: Engine, python: str, env: Mapping[str, str]) -> Set[str]:
     """Every `--flag` the installed engine's `--help` mentions."""
-    res = subprocess.run(engine.help_command(python), capture_output=True, text=True, env=dict(env), timeout=600)
-    flags = set(FLAG.findall(res.stdout + res.stderr))
-    if res.returncode != 0 or "--help" not in flags and len(flags) < 5:
-        raise RuntimeError(f"`{' '.join(engine.help_command(python))}` failed ({res.returncode}): "
-                           f"{tail(res.stderr or res.stdout, 10)}")
-    return flags
+    return probe.read_help(python, engine.module, env)[0]
 
 
-def unknown_flags(argv: List[str], known: Set[str]) -> List[str]:
-    return [a.split("=", 1)[0] for a in argv if a.startswith("--") and a.split("=", 1)[0] not in known]
+def unknown_flags(argv: List[str], known: Set[str], choices: Optional[Mapping[str, List[str]]] = None) -> List[str]:
+    """Flags the engine does not know, and values outside a flag's listed choices."""
+    return probe.unsupported(argv, known, choices or {})
 
 
 def server_env(cfg: Mapping[str, Any]) -> Dict[str, str]:
@@ -119,14 +116,18 @@ def preflight(host: Host, cfg: Mapping[str, Any]) -> Optional[Result]:
     """Why the config cannot start on this host, before anything is launched; None when it can."""
     if host.flags is None:
         try:
-            host.flags = engine_flags(host.engine, host.suite["engine_python"], server_env(cfg))
+            host.flags, host.choices = probe.read_help(host.suite["engine_python"], host.engine.module,
+                                                       server_env(cfg))
         except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
             return Result.failed(Reason.ENGINE_UNAVAILABLE, str(exc))
-    missing = unknown_flags(cfg["command"], host.flags)
+    missing = unknown_flags(cfg["command"], host.flags, host.choices)
     if missing:
         version = host.engine_info.get("version") or "unknown version"
-        return Result.failed(Reason.UNSUPPORTED_FLAG, f"{', '.join(missing)} not known to {host.engine.name} "
-                                                      f"{version}", unsupported_flags=missing)
+        detail = f"{', '.join(missing)} not known to {host.engine.name} {version}"
+        if host.skip_unsupported:
+            return Result(Outcome.SKIPPED, Reason.UNSUPPORTED_FLAG, f"{detail} (skip_unsupported)",
+                          fields={"unsupported_flags": missing})
+        return Result.failed(Reason.UNSUPPORTED_FLAG, detail, unsupported_flags=missing)
     if host.gpu_count and cfg["tp"] > host.gpu_count:
         return Result.failed(Reason.DOES_NOT_FIT, f"tp {cfg['tp']} needs {cfg['tp']} GPUs; this host has "
                                                   f"{host.gpu_count}")

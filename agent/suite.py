@@ -49,12 +49,16 @@ def kept(store: HostStore, cfg: Dict[str, Any]) -> bool:
 class Suite:
     """Runs the configs of one plan on this host."""
 
-    def __init__(self, plan: Dict[str, Any], root: Path, force: bool = False, invocation: str = "") -> None:
+    def __init__(self, plan: Dict[str, Any], root: Path, force: bool = False, invocation: str = "",
+                 skip_unsupported: bool = False) -> None:
         self.plan = plan
         self.force = force
         suite = plan["suite"]
         self.host = Host(suite=suite, engine=ENGINES[suite["engine"]],
-                         store=HostStore(root, plan["host"], invocation))
+                         store=HostStore(root, plan["host"], invocation), skip_unsupported=skip_unsupported)
+        known = plan.get("engine_help") or {}  # the plan's probe read this engine's --help: not run again
+        if known.get("python") == suite["engine_python"] and known.get("module") == self.host.engine.module:
+            self.host.flags, self.host.choices = set(known.get("flags") or ()), dict(known.get("choices") or {})
 
     def prepare(self) -> None:
         """Host facts, the GPUs' idle memory, and no engine unit left from an agent that was killed."""

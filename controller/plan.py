@@ -1,7 +1,8 @@
 """The plan of one host, on the controller: the invocation's switches checked, the matrix validated once and
-expanded into configs with every secret replaced by a placeholder, and the plan as text. Reads nothing
-from the host, so plan mode and check mode work for hosts that cannot be reached; every problem names
-the variable and what is allowed. The `bench_plan` action plugin calls `build`.
+expanded into configs with every secret replaced by a placeholder, and the plan as text. What it knows of the
+host comes from the role's probe (`agent.probe`, read-only) when the host answered; plan mode and check mode
+work for hosts that cannot be reached. Every problem names the variable and what is allowed.
+The `bench_plan` action plugin calls `build`.
 """
 from __future__ import annotations
 
@@ -10,14 +11,16 @@ import json
 import re
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import yaml
 
 from agent import secrets
+from agent.engines import DISTRIBUTIONS, ENGINES
 from agent.store import redact_argv, redact_env
+from agent.systemd import instance_name
 
-from . import estimate, matrix
+from . import estimate, hostcheck, matrix
 
 PREFIX = matrix.PREFIX
 ROLE = Path(__file__).resolve().parents[1] / "roles" / "bench"
@@ -65,18 +68,72 @@ def switch(name: str, value: Any, problems: list[str]) -> bool:
     return False
 
 
-def phase_names(value: Any, problems: list[str]) -> list[str] | None:
-    """`-e phases=tp1,tp4`, a list, or a single name (a number too); None for all phases."""
+def names(key: str, value: Any, problems: list[str], example: str) -> list[str] | None:
+    """`-e phases=tp1,tp4` (also configs=, sweeps=): names separated by commas, a list, or a single name (a
+    number too); None for all."""
     if value is None or value == "" or value == []:
         return None
     if isinstance(value, (str, int)) and not isinstance(value, bool):
         value = str(value).split(",")
     if isinstance(value, list) and all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in value):
-        names = [str(v).strip() for v in value if str(v).strip()]
-        return names or None
-    problems.append(f"phases: {_shown(value)} is not a list of phase names; allowed: names separated by commas "
-                    f"(e.g. -e phases=tp1,tp4)")
+        found = [str(v).strip() for v in value if str(v).strip()]
+        return found or None
+    problems.append(f"{key}: {_shown(value)} is not a list of {key[:-1]} names; allowed: names separated by commas "
+                    f"(e.g. -e {key}={example})")
     return None
+
+
+def phase_names(value: Any, problems: list[str]) -> list[str] | None:
+    return names("phases", value, problems, "tp1,tp4")
+
+
+def select(suite: dict[str, Any], phases: list[str] | None, configs: list[str] | None,
+           sweeps: list[str] | None, problems: list[str]) -> dict[str, Any]:
+    """The suite narrowed to `-e configs=` (labels such as dflash, ddtree-b16, or full ids tp1-dflash) and
+    `-e sweeps=` (sweep names) within the selected phases. Each phase keeps its baseline: speedups need it
+    (a baseline already ok in this run is not run again)."""
+    if not configs and not sweeps:
+        return suite
+    chosen = [p for p in suite["phases"] if not phases or p["name"] in phases]
+    labels = {matrix.label(c) for p in chosen for c in p["configs"]}
+    ids = {f"{p['name']}-{matrix.label(c)}" for p in chosen for c in p["configs"]}
+    sweep_names = {w["name"] for p in chosen for w in p["sweeps"] if w.get("name")}
+    for name in configs or []:
+        if name not in labels | ids:
+            problems.append(f"configs: unknown config {name!r}; allowed: {', '.join(sorted(labels))} (or a full id "
+                            f"such as {sorted(ids)[0] if ids else 'tp1-dflash'})")
+    for name in sweeps or []:
+        if name not in sweep_names:
+            problems.append(f"sweeps: unknown sweep {name!r}; allowed: "
+                            f"{', '.join(sorted(sweep_names)) or '(no sweep has a name)'}")
+    out = {**suite, "phases": []}
+    for phase in suite["phases"]:
+        picked = [c for c in phase["configs"] if not configs or matrix.label(c) in configs
+                  or f"{phase['name']}-{matrix.label(c)}" in configs]
+        ways = [w for w in phase["sweeps"] if not sweeps or w.get("name") in sweeps]
+        if picked and ways:
+            base = [c for c in phase["configs"] if c["method"] == "autoregressive" and c not in picked]
+            out["phases"].append({**phase, "configs": base + picked, "sweeps": ways})
+    return out
+
+
+def _cell_key(cell: Mapping[str, Any]) -> str:
+    return json.dumps({k: v for k, v in cell.items() if k != "repetitions"}, sort_keys=True)
+
+
+def trim(configs: list[dict[str, Any]], selected: bool) -> list[dict[str, Any]]:
+    """Configs without cells dropped; with `-e configs=`, each baseline keeps only the cells some other selected
+    config of its phase measures (when there is one)."""
+    if selected:
+        for base in (c for c in configs if c["method"] == "autoregressive"):
+            used = {_cell_key(x) for c in configs if c["phase"] == base["phase"] and c is not base
+                    for x in c["cells"]}
+            if used:
+                base["cells"] = [x for x in base["cells"] if _cell_key(x) in used]
+                base["prompts"] = {w: t for w, t in base["prompts"].items()
+                                   if any(x["workload"] == w for x in base["cells"])}
+                base["requests"] = sum(x["concurrency"] * x["repetitions"] for x in base["cells"])
+    return [c for c in configs if c["cells"]]
 
 
 def run_checks(args: dict[str, Any], host: str, problems: list[str]) -> dict[str, Any]:
@@ -98,7 +155,10 @@ def run_checks(args: dict[str, Any], host: str, problems: list[str]) -> dict[str
                             f"integer >= 1")
     return {"plan_only": switch("plan", args.get("plan", False), problems),
             "force": switch("force", args.get("force", False), problems),
-            "phases": phase_names(args.get("phases"), problems), "run_id": str(run_id)}
+            "skip_unsupported": switch("skip_unsupported", args.get("skip_unsupported", False), problems),
+            "phases": phase_names(args.get("phases"), problems),
+            "config_names": names("configs", args.get("configs"), problems, "dflash,ddtree-b16"),
+            "sweep_names": names("sweeps", args.get("sweeps"), problems, "short,context"), "run_id": str(run_id)}
 
 
 def _hms(seconds: float) -> str:
@@ -134,9 +194,11 @@ def unpinned(suite: dict[str, Any]) -> list[str]:
     return out
 
 
-def describe(host: str, configs: list[dict[str, Any]], suite: dict[str, Any] | None = None) -> list[str]:
-    """The plan as text: the effective defaults, each config's exact launch command and environment,
-    requests and time."""
+def describe(host: str, configs: list[dict[str, Any]], suite: dict[str, Any] | None = None,
+             checks: Mapping[str, hostcheck.Check] | None = None, skip_unsupported: bool = False) -> list[str]:
+    """The plan as text: the effective defaults, each config's exact launch command, environment, unit, what the
+    host's engine and GPUs say of it, requests and time; then the memory fit per TP."""
+    checks = checks or {}
     lines = [f"Plan for {host}: {len(configs)} configs, {sum(c['requests'] for c in configs)} timed requests, "
              f"estimated {_hms(sum(c['estimate_s'] for c in configs))}"]
     if suite:
@@ -144,8 +206,19 @@ def describe(host: str, configs: list[dict[str, Any]], suite: dict[str, Any] | N
         lines.append(f"    {PREFIX}repetitions: {suite['repetitions']}; {PREFIX}max_tokens: {suite['max_tokens']}; "
                      f"{PREFIX}warmup_max_tokens: {suite['warmup_max_tokens']}")
         lines += [f"    warning: {w}" for w in unpinned(suite)]
+    bad = [cid for cid, ch in checks.items() if ch.supported is False]
+    if bad:
+        lines.append(f"    warning: {len(bad)} configs use flags the installed engine does not know: they will "
+                     + ("be recorded skipped (skip_unsupported)" if skip_unsupported else
+                        "fail unsupported_flag without starting (-e skip_unsupported=true records them skipped)"))
+    said = {line for ch in checks.values() for line in (ch.engine_line, ch.fit_line) if line.startswith("not ")
+            and all(line in (other.engine_line, other.fit_line) for other in checks.values())}  # said once
+    if said:
+        lines += [f"    host checks: {line}" for line in sorted(said)]
+    systemd = bool(suite) and suite.get("backend") == "systemd"  # type: ignore[union-attr]
     for k, c in enumerate(configs, 1):
         cells = c["cells"]
+        check = checks.get(c["config_id"])
         lines += [
             f"[{k}/{len(configs)}] {c['config_id']}  ({c['engine']}, {c['method']} {c['method_params'] or ''}, "
             f"tp {c['tp']}): {c['requests']} requests in {len(cells)} cells, ~{_hms(c['estimate_s'])}"
@@ -156,12 +229,30 @@ def describe(host: str, configs: list[dict[str, Any]], suite: dict[str, Any] | N
             f"context {_axis(cells, 'context_tokens')}; concurrency {_axis(cells, 'concurrency')}; "
             f"reps {_axis(cells, 'repetitions')}",
         ]
+        if systemd:
+            lines.append(f"    unit: specfleet-{c['engine']}@{instance_name(c['config_id'])}.service "
+                         f"(its journal is server.log)")
+        if check:
+            shown = (("engine", check.engine_line), ("memory", check.fit_line))
+            lines += [f"    {what}: {line}" for what, line in shown if line not in said]
     lines.append("    ({port} is a free port chosen on the host at launch)")
-    return lines
+    return lines + hostcheck.fit_table(configs, checks)
 
 
-def build(args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
-    """The action's result: `failed` with every problem, or the configs, the secret-free suite and the plan."""
+Ask = Callable[[str, dict[str, Any]], dict[str, Any]]
+
+
+def probe_request(suite: Mapping[str, Any]) -> dict[str, Any]:
+    """What `agent.probe` is asked on the host: the engine's interpreter, module and distributions, the models."""
+    engine = ENGINES[suite["engine"]]
+    models = {k: suite[k]["path"] for k in ("model", "draft_model") if isinstance(suite.get(k), dict)}
+    return {"engine": {"python": suite["engine_python"], "module": engine.module,
+                       "dists": DISTRIBUTIONS[engine.name]}, "models": models}
+
+
+def build(args: dict[str, Any], task_vars: dict[str, Any], ask: Ask | None = None) -> dict[str, Any]:
+    """The action's result: `failed` with every problem, or the configs, the secret-free suite and the plan.
+    `ask(python, request)` runs `agent.probe` on the host (the action's connection) once the matrix passed."""
     suite = args.get("suite") or {}
     host = task_vars.get("inventory_hostname", "?")
     problems = unknown_variables(task_vars)
@@ -172,10 +263,19 @@ def build(args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
         checked = matrix.validate(suite, run["phases"])
     except matrix.MatrixError as exc:
         return {"failed": True, "msg": f"invalid benchmark matrix for {host}:\n{exc}"}
-    hidden = checked.hide(secrets.split(checked.suite)[0])  # configs and this result never hold a secret
-    configs = matrix.expand(hidden)
+    narrowed = select(checked.suite, run["phases"], run["config_names"], run["sweep_names"], problems)
+    if problems:
+        return {"failed": True, "msg": f"invalid benchmark matrix for {host}:\n" + "\n".join(problems)}
+    hidden = checked.hide(secrets.split(narrowed)[0])  # configs and this result never hold a secret
+    configs = trim(matrix.expand(hidden), bool(run["config_names"]))
     evidence = estimate.history(Path(args["results"]), host) if args.get("results") else {}
     estimate.apply(configs, hidden.suite["estimate"], evidence)
-    return {"changed": False, "configs": configs, "suite": hidden.suite, "plan_lines": describe(host, configs,
-            hidden.suite), **run, "requests": sum(c["requests"] for c in configs),
-            "estimate_s": sum(c["estimate_s"] for c in configs)}
+    answer: Any = {"skipped": True}
+    if ask is not None and switch("probe", args.get("probe", True), problems) and configs:
+        answer = ask(str(args.get("agent_python") or "python3"), probe_request(hidden.suite))
+    checks = hostcheck.assess(configs, answer, hidden.suite["engine"], hidden.suite["gpu_memory_mib"])
+    unsupported = {cid: ch.unsupported for cid, ch in checks.items() if ch.supported is False}
+    return {"changed": False, "configs": configs, "suite": hidden.suite, "plan_lines": describe(
+            host, configs, hidden.suite, checks, run["skip_unsupported"]), **run,
+            "requests": sum(c["requests"] for c in configs), "estimate_s": sum(c["estimate_s"] for c in configs),
+            "unsupported": unsupported, "engine_help": hostcheck.engine_help(answer)}

@@ -2,13 +2,17 @@
 (`controller.plan`); prints the plan in plan mode and check mode."""
 from __future__ import annotations
 
+import json
+import shlex
+from pathlib import Path
 from typing import Any
 
-from ansible.errors import AnsibleError
+from ansible.errors import AnsibleConnectionFailure, AnsibleError
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
 try:
+    from agent import probe
     from controller import plan
 except ImportError as exc:  # ansible-playbook from another Python than the project's
     raise AnsibleError(f"specfleet's controller package is not importable ({exc}): run `make venv` and "
@@ -25,7 +29,17 @@ class ActionModule(ActionBase):
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}
-        result.update(plan.build(dict(self._task.args), task_vars))
+        result.update(plan.build(dict(self._task.args), task_vars, self._ask))
         if not result.get("failed") and (result["plan_only"] or task_vars.get("ansible_check_mode")):
             display.display("\n".join(result["plan_lines"]))
         return result
+
+    def _ask(self, python: str, request: dict[str, Any]) -> dict[str, Any]:
+        """`agent.probe` on the host through this task's connection, as `python -c <its source> <request>`:
+        nothing is written there, and it also runs in check mode."""
+        argv = [python, "-c", Path(probe.__file__).read_text(), json.dumps(request)]
+        try:
+            res = self._low_level_execute_command(" ".join(shlex.quote(a) for a in argv))
+        except AnsibleConnectionFailure as exc:
+            return {"unreachable": True, "msg": str(exc)}
+        return {"rc": res.get("rc"), "stdout": res.get("stdout", ""), "stderr": res.get("stderr", "")}

@@ -366,6 +366,23 @@ def test_preflight_names_a_flag_the_engine_does_not_know(tmp_path: Path) -> None
     assert "unknown version" in preflight(host, configs["tp1-ngram-k3"]).detail
 
 
+def test_skip_unsupported_records_the_config_skipped_with_the_flag(tmp_path: Path) -> None:
+    python = write_engine(tmp_path / "engine", flags=[f for f in FLAGS if f != "--per-request-spec-decode-metrics"])
+    host, configs = setup(tmp_path, python)
+    host.skip_unsupported, host.engine_info = True, {"name": "vllm", "version": ENGINE_VERSION}
+    res = preflight(host, configs["tp1-ngram-k3"])
+    assert res is not None and (res.status, res.reason) == (Outcome.SKIPPED, Reason.UNSUPPORTED_FLAG)
+    assert res.detail == f"--per-request-spec-decode-metrics not known to vllm {ENGINE_VERSION} (skip_unsupported)"
+    assert res.fields == {"unsupported_flags": ["--per-request-spec-decode-metrics"]}
+
+
+def test_a_value_outside_the_flags_choices_is_unsupported(tmp_path: Path) -> None:
+    host, configs = setup(tmp_path, write_engine(tmp_path / "engine"))
+    host.flags, host.choices = set(FLAGS), {"--per-request-spec-decode-metrics": ["none", "full"]}
+    res = preflight(host, configs["tp1-ngram-k3"])
+    assert res is not None and res.fields == {"unsupported_flags": ["--per-request-spec-decode-metrics summary"]}
+
+
 def test_preflight_refuses_tp_above_the_gpu_count(tmp_path: Path) -> None:
     host, configs = setup(tmp_path, write_engine(tmp_path / "engine"))
     host.gpu_count = 2

@@ -212,3 +212,17 @@ def test_a_whole_suite_against_a_real_server(tmp_path: Path) -> None:
     Suite(plan, root, invocation="inv-again").run()
     again = [e["event"] for e in read_events(root) if e["invocation"] == "inv-again"]
     assert again == ["suite_start"] + ["config_kept"] * len(IDS) + ["suite_end"]
+
+
+def test_the_plans_engine_help_is_used_instead_of_a_second_help_run(tmp_path: Path) -> None:
+    """The plan's probe already read `--help`: the agent takes its flags when they are of the same interpreter and
+    module (here the interpreter does not even exist, so a help run would fail)."""
+    missing = str(tmp_path / "no-engine" / "bin" / "python")
+    plan = plan_for(missing)
+    module = "vllm.entrypoints.openai.api_server"
+    plan["engine_help"] = {"python": missing, "module": module, "version": "0.0.1", "flags": ["--help", "--model"],
+                           "choices": {"--dtype": ["auto", "bfloat16"]}}
+    host = Suite(plan, tmp_path / "r").host
+    assert host.flags == {"--help", "--model"} and host.choices == {"--dtype": ["auto", "bfloat16"]}
+    plan["engine_help"]["python"] = "/other/python"
+    assert Suite(plan, tmp_path / "r2").host.flags is None

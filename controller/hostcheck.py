@@ -1,0 +1,109 @@
+"""What the plan can say about each config from the host's own answer (`agent.probe`, run on the host as
+`python3 -c`): whether the installed engine knows every launch flag and value, and whether weights, drafter
+and the largest cell's KV cache fit one GPU at the config's TP. Without an answer (host unreachable, probe
+off) each config says why it was not checked; the agent checks both again before it starts a server.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from agent import fit, probe
+
+
+@dataclass
+class Check:
+    """One config's verdicts; `None` where nothing could be judged."""
+
+    supported: bool | None = None
+    unsupported: list[str] = field(default_factory=list)
+    engine_line: str = ""
+    fit: fit.Fit | None = None
+    fit_line: str = ""
+
+
+def parse(answer: Any) -> tuple[dict[str, Any] | None, str]:
+    """The probe's JSON from the registered command result, or why there is none."""
+    if not isinstance(answer, Mapping) or answer.get("skipped"):
+        return None, "not probed (bench_probe is false)"
+    if answer.get("unreachable"):
+        return None, f"not probed: host unreachable ({str(answer.get('msg', '')).strip()[:160]})"
+    if answer.get("rc") not in (0, None) or not answer.get("stdout"):
+        err = str(answer.get("stderr") or answer.get("msg") or "").strip().splitlines()[-1:] or ["no output"]
+        return None, f"not probed: the probe failed ({err[0][:200]})"
+    try:
+        data = json.loads(answer["stdout"])
+    except ValueError:
+        return None, "not probed: the probe's answer is not JSON"
+    return (data, "") if isinstance(data, dict) else (None, "not probed: the probe's answer is not an object")
+
+
+def engine_help(answer: Any) -> dict[str, Any] | None:
+    """The engine's version, flags and choices as the probe read them, for the agent (which then does not run
+    `--help` again); None when the probe did not read them."""
+    eng = (parse(answer)[0] or {}).get("engine") or {}
+    if eng.get("error") or not eng.get("flags"):
+        return None
+    return {k: eng.get(k) for k in ("python", "module", "version", "flags", "choices")}
+
+
+def assess(configs: list[dict[str, Any]], answer: Any, engine: str, gpu_memory_mib: int) -> dict[str, Check]:
+    """Per config id: the engine line and the memory-fit line of the plan."""
+    data, why = parse(answer)
+    eng = (data or {}).get("engine") or {}
+    version = f"{engine} {eng.get('version') or '(version unknown)'}"
+    gpu_mib = gpu_memory_mib or int((data or {}).get("gpu_memory_mib") or 0)
+    models = (data or {}).get("models") or {}
+    out = {}
+    for cfg in configs:
+        check = Check()
+        if data is None:
+            check.engine_line = check.fit_line = why
+        elif eng.get("error"):
+            check.engine_line = f"not checked: {eng['error'].splitlines()[0][:200]}"
+        else:
+            check.unsupported = probe.unsupported(cfg["command"], set(eng.get("flags") or ()), eng.get("choices") or {})
+            check.supported = not check.unsupported
+            check.engine_line = (f"supported by {version}" if check.supported else
+                                 f"unsupported_flag: {', '.join(check.unsupported)} not known to {version}")
+        if data is not None:
+            check.fit, check.fit_line = _fit(cfg, engine, models, gpu_mib)
+        out[cfg["config_id"]] = check
+    return out
+
+
+def _fit(cfg: Mapping[str, Any], engine: str, models: Mapping[str, Any], gpu_mib: int) -> tuple[fit.Fit | None, str]:
+    target = models.get("model") or {}
+    if not gpu_mib:
+        return None, "not checked: no GPU memory known (nvidia-smi found none; set bench_gpu_memory_mib)"
+    if not isinstance(target.get("config"), dict) or not target.get("weights_bytes"):
+        return None, f"not checked: no config.json or weights in {cfg['model']['path']} on the host"
+    try:
+        shape = fit.Shape.from_config(target["config"])
+    except (KeyError, TypeError, ValueError) as exc:
+        return None, f"not checked: the model's config.json lacks {exc}"
+    drafter = int((models.get("draft_model") or {}).get("weights_bytes") or 0) if cfg.get("draft_model") else 0
+    verdict = fit.check(shape, int(target["weights_bytes"]), drafter, gpu_mib,
+                        fit.memory_fraction(engine, cfg["command"]), cfg["tp"],
+                        fit.largest_tokens(cfg["cells"], cfg.get("warmup_max_tokens", 0)))
+    return verdict, ("fits: " if verdict.fits else "does_not_fit: ") + verdict.detail
+
+
+def fit_table(configs: list[dict[str, Any]], checks: Mapping[str, Check]) -> list[str]:
+    """Per TP: the configs that fit and the one that needs the most KV cache, with its arithmetic."""
+    by_tp: dict[int, list[dict[str, Any]]] = {}
+    for cfg in configs:
+        if checks.get(cfg["config_id"]) and checks[cfg["config_id"]].fit is not None:
+            by_tp.setdefault(cfg["tp"], []).append(cfg)
+    if not by_tp:
+        return []
+    lines = ["Memory fit per tp (one GPU; the largest cell of each config: (context + output) × concurrency):"]
+    for tp in sorted(by_tp):
+        cfgs = by_tp[tp]
+        bad = [c["config_id"] for c in cfgs if not checks[c["config_id"]].fit.fits]  # type: ignore[union-attr]
+        worst = max(cfgs, key=lambda c: fit.largest_tokens(c["cells"], c.get("warmup_max_tokens", 0)))
+        lines.append(f"    tp {tp}: {len(cfgs) - len(bad)}/{len(cfgs)} fit"
+                     + (f"; does_not_fit: {', '.join(bad)}" if bad else "")
+                     + f"; largest {worst['config_id']}: {checks[worst['config_id']].fit.detail}")  # type: ignore[union-attr]
+    return lines
