@@ -60,9 +60,10 @@ $(WHEELHOUSE)/.complete: requirements-engine.txt $(ENGINE)/.installed
 	$(ENGINE)/bin/pip download -q $(PIP_ARGS) -r requirements-engine.txt pip setuptools wheel -d $(WHEELHOUSE)
 	touch $@
 
-# Two Debian hosts with systemd and SSH (systemd-nspawn, needs root), group `testhosts` of the inventory.
+# Two Debian hosts with systemd and SSH (systemd-nspawn, needs root), group `testhosts` of the inventory; their
+# systemd enforces the units' DevicePolicy=/DeviceAllow= (cgroup v2 inside, see tests/hosts/README.md).
 testhosts: venv models wheelhouse
-	$(BIN)/python tests/hosts/testhosts.py up --count 2 --state .work/testhosts \
+	$(BIN)/python tests/hosts/testhosts.py up --count 2 --state .work/testhosts --device-policy \
 		--bind-ro $(CURDIR)/$(MODELS):/opt/models --bind-ro $(CURDIR)/$(WHEELHOUSE):/wheelhouse
 
 testhosts-down:

@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 ROLE_RUNS = {"test_container_roles_render.py", "test_gpu_smoke_check_mode.py", "test_lxc_passthrough.py",
              "test_pve_passthrough.py"}
-TESTHOSTS = {"test_testhosts_suite.py", "test_provision_hosts.py", "test_testhosts.py"}
+TESTHOSTS = {"test_testhosts_suite.py", "test_provision_hosts.py", "test_testhosts.py", "test_device_allow.py"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -1,22 +1,27 @@
-"""Integration fixtures: real ansible-playbook runs against the real CPU engine on this machine."""
+"""Integration fixtures: real ansible-playbook runs against the real CPU engine on this machine, and the two test
+hosts (systemd-nspawn machines) that the test-host tests share."""
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 import yaml
 
 from tests import playbook
+from tests.hosts.testhosts import TestHosts
+from tests.readme import typed
 
 ROOT = playbook.ROOT
 BIN = playbook.BIN
 ENGINE_PY = ROOT / ".cache/engine-venv/bin/python"
 MODELS = ROOT / ".cache/models"
+WHEELHOUSE = ROOT / ".cache/wheelhouse"
 
 
 def reduced_matrix(configs: list[dict[str, Any]], **sweep: Any) -> dict[str, Any]:
@@ -98,3 +103,25 @@ def module_bench(tmp_path_factory: pytest.TempPathFactory):
     b = Bench(tmp)
     yield b
     _kill_leftovers(str(tmp))
+
+
+@pytest.fixture(scope="session")
+def testhosts() -> Iterator[TestHosts]:
+    """The README's test-hosts block as typed, once for every test that uses th1 and th2: `make testhosts`, then the
+    engine role twice (the second run changes nothing); `make testhosts-down` at the end."""
+    if not (WHEELHOUSE / ".complete").exists():
+        pytest.fail("the offline wheelhouse is missing: run `make wheelhouse` first")
+    try:
+        up = typed("make testhosts", timeout=900)
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        th = TestHosts(ROOT / ".work/testhosts")  # the state `make testhosts` wrote: ssh into th1, th2
+        for _attempt in ("install", "again"):
+            res = typed("ansible-playbook playbooks/engine.yml -l testhosts", timeout=900)
+            assert res.returncode == 0, res.stdout[-3000:]
+        assert re.search(r"th1\s+: ok=\d+\s+changed=0 ", res.stdout), res.stdout[-1500:]
+        assert re.search(r"th2\s+: ok=\d+\s+changed=0 ", res.stdout), res.stdout[-1500:]
+        yield th
+    finally:
+        down = subprocess.run(["make", "testhosts-down"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        if down.returncode != 0:  # reported, without hiding a failure of the setup above
+            print("make testhosts-down failed:", down.stdout[-2000:], down.stderr[-2000:])

@@ -23,29 +23,6 @@ from .conftest import ROOT, Bench
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="test hosts need root")
 HOSTS = ("th1", "th2")
-WHEELHOUSE = ROOT / ".cache/wheelhouse"
-
-
-@pytest.fixture(scope="module")
-def testhosts() -> Iterator[TestHosts]:
-    """The README's test-hosts block as typed: `make testhosts`, then the engine role twice (the second run
-    changes nothing); `make testhosts-down` at the end."""
-    if not (WHEELHOUSE / ".complete").exists():
-        pytest.fail("the offline wheelhouse is missing: run `make wheelhouse` first")
-    try:
-        up = typed("make testhosts", timeout=900)
-        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
-        th = TestHosts(ROOT / ".work/testhosts")  # the state `make testhosts` wrote: ssh into th1, th2
-        for _attempt in ("install", "again"):
-            res = typed("ansible-playbook playbooks/engine.yml -l testhosts", timeout=900)
-            assert res.returncode == 0, res.stdout[-3000:]
-        assert re.search(r"th1\s+: ok=\d+\s+changed=0 ", res.stdout), res.stdout[-1500:]
-        assert re.search(r"th2\s+: ok=\d+\s+changed=0 ", res.stdout), res.stdout[-1500:]
-        yield th
-    finally:
-        down = subprocess.run(["make", "testhosts-down"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-        if down.returncode != 0:  # reported, without hiding a failure of the setup above
-            print("make testhosts-down failed:", down.stdout[-2000:], down.stderr[-2000:])
 
 
 def assert_clean(th: TestHosts) -> None:
