@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from . import gpu
+from . import gpu, probe
 from .engines import DISTRIBUTIONS, ENGINES
 
 
@@ -103,7 +103,9 @@ def collect(plan: dict[str, Any]) -> dict[str, Any]:
     for key in ("model", "draft_model"):
         m = suite.get(key)
         if m:
-            models[key] = {**m, "digest": model_digest(m["path"])}
+            found = probe.model(m["path"])  # config.json and weight bytes: a later plan's memory fit
+            models[key] = {**m, "digest": model_digest(m["path"]), "config": found["config"],
+                           "weights_bytes": found["weights_bytes"]}
     return {
         "host": plan["host"],
         "hostname": platform.node(),

@@ -5,14 +5,15 @@ its other configs skipped; a failing config is recorded (see `config.py`) and th
 """
 from __future__ import annotations
 
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Set
 
-from . import fingerprint, gpu
+from . import fingerprint, gpu, probe
 from .classify import Reason
-from .config import Host, config_digest, run_config, skip
+from .config import Host, config_digest, run_config, server_env, skip
 from .engines import ENGINES
 from .records import Event, Outcome
 from .store import HostStore, write_json
@@ -66,6 +67,14 @@ class Suite:
         info = fingerprint.collect(self.plan)
         host.engine_info = info["engine"]
         host.gpu_count = info["gpus"]["count"]
+        if host.flags is None:  # read once here, so that host.json records what this engine accepts
+            env = server_env({"env": {k: str(v) for k, v in (host.suite.get("env") or {}).items()}})
+            try:
+                host.flags, host.choices = probe.read_help(host.suite["engine_python"], host.engine.module, env)
+            except (OSError, RuntimeError, subprocess.TimeoutExpired):
+                pass  # each config's preflight asks again and records engine_unavailable with the cause
+        if host.flags is not None:  # a later plan reads it when the host cannot be asked
+            info["engine"]["help"] = {"flags": sorted(host.flags), "choices": host.choices}
         write_json(store.dir / "host.json", info)
         rows = gpu.parse_query_csv(gpu.query() or "")
         host.idle_gpu = gpu.used_by_index(rows)

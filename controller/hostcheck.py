@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping
 
 from agent import fit, probe
+from agent.store import read_json
 
 
 @dataclass
@@ -39,6 +41,30 @@ def parse(answer: Any) -> tuple[dict[str, Any] | None, str]:
     return (data, "") if isinstance(data, dict) else (None, "not probed: the probe's answer is not an object")
 
 
+def recorded(results: Path, host: str) -> tuple[dict[str, Any], str] | None:
+    """The newest host.json of `host` on the controller that holds the engine's flags, as a probe answer, with
+    where it comes from; None when no run recorded them."""
+    found = []
+    for path in results.glob(f"*/{host}/host.json"):
+        info = read_json(path)
+        if isinstance(info, dict) and isinstance((info.get("engine") or {}).get("help"), dict):
+            found.append((path.stat().st_mtime, path.parent.parent.name, info))
+    if not found:
+        return None
+    _, run_id, info = max(found, key=lambda f: f[0])
+    eng = info["engine"]
+    build = eng.get("build") or {}
+    totals = [d.get("memory.total") for d in (info.get("gpus") or {}).get("devices") or []
+              if isinstance(d.get("memory.total"), int)]
+    data = {"engine": {"version": eng.get("version"), "flags": eng["help"].get("flags") or [],
+                       "choices": eng["help"].get("choices") or {}},
+            "models": {k: info[k] for k in ("model", "draft_model") if isinstance(info.get(k), dict)},
+            "gpu_memory_mib": min(totals) if totals else None}
+    what = " ".join(str(build[k]) for k in ("refspec", "ref") if build.get(k))
+    commit = f" @ {str(build['commit'])[:12]}" if build.get("commit") else ""
+    return data, f"as recorded in run {run_id}" + (f" ({what}{commit})" if what or commit else "")
+
+
 def engine_help(answer: Any) -> dict[str, Any] | None:
     """The engine's version, flags and choices as the probe read them, for the agent (which then does not run
     `--help` again); None when the probe did not read them."""
@@ -48,9 +74,14 @@ def engine_help(answer: Any) -> dict[str, Any] | None:
     return {k: eng.get(k) for k in ("python", "module", "version", "flags", "choices")}
 
 
-def assess(configs: list[dict[str, Any]], answer: Any, engine: str, gpu_memory_mib: int) -> dict[str, Check]:
-    """Per config id: the engine line and the memory-fit line of the plan."""
+def assess(configs: list[dict[str, Any]], answer: Any, engine: str, gpu_memory_mib: int,
+           earlier: tuple[dict[str, Any], str] | None = None) -> dict[str, Check]:
+    """Per config id: the engine line and the memory-fit line of the plan. Without an answer from the host, what
+    an `earlier` run recorded of it (`recorded`) is judged instead, and each line says so."""
     data, why = parse(answer)
+    source = ""
+    if data is None and earlier is not None:
+        data, source = earlier[0], f" ({earlier[1]}; the host: {why})"
     eng = (data or {}).get("engine") or {}
     version = f"{engine} {eng.get('version') or '(version unknown)'}"
     gpu_mib = gpu_memory_mib or int((data or {}).get("gpu_memory_mib") or 0)
@@ -66,9 +97,10 @@ def assess(configs: list[dict[str, Any]], answer: Any, engine: str, gpu_memory_m
             check.unsupported = probe.unsupported(cfg["command"], set(eng.get("flags") or ()), eng.get("choices") or {})
             check.supported = not check.unsupported
             check.engine_line = (f"supported by {version}" if check.supported else
-                                 f"unsupported_flag: {', '.join(check.unsupported)} not known to {version}")
+                                 f"unsupported_flag: {', '.join(check.unsupported)} not known to {version}") + source
         if data is not None:
             check.fit, check.fit_line = _fit(cfg, engine, models, gpu_mib)
+            check.fit_line += source if check.fit is not None else ""
         out[cfg["config_id"]] = check
     return out
 

@@ -273,7 +273,8 @@ def build(args: dict[str, Any], task_vars: dict[str, Any], ask: Ask | None = Non
     answer: Any = {"skipped": True}
     if ask is not None and switch("probe", args.get("probe", True), problems) and configs:
         answer = ask(str(args.get("agent_python") or "python3"), probe_request(hidden.suite))
-    checks = hostcheck.assess(configs, answer, hidden.suite["engine"], hidden.suite["gpu_memory_mib"])
+    earlier = hostcheck.recorded(Path(args["results"]), host) if args.get("results") else None
+    checks = hostcheck.assess(configs, answer, hidden.suite["engine"], hidden.suite["gpu_memory_mib"], earlier)
     unsupported = {cid: ch.unsupported for cid, ch in checks.items() if ch.supported is False}
     return {"changed": False, "configs": configs, "suite": hidden.suite, "plan_lines": describe(
             host, configs, hidden.suite, checks, run["skip_unsupported"]), **run,

@@ -26,12 +26,15 @@ COVERED: dict[str, list[str]] = {
         "tests/playbooks/test_readme_local.py::test_plan_for_ct200_prints_every_config_without_connecting"],
     "ansible-playbook bench.yml -l ct200 -e plan=true -e phases=tp1": [
         "tests/playbooks/test_readme_local.py::test_plan_for_ct200_one_phase"],
+    "ansible-playbook bench.yml -l ct200 -e plan=true -e configs=dflash-nooverlap,ddtree-b16 -e sweeps=context": [
+        "tests/playbooks/test_readme_local.py::test_plan_for_ct200_selected_configs_and_sweeps"],
     "ansible-playbook bench.yml -l ct200 --check": [
         "tests/playbooks/test_readme_local.py::test_check_on_unreachable_ct200_says_what_it_could_not_check"],
     **{cmd: ["tests/playbooks/test_readme_local.py::"
              "test_suite_on_unreachable_ct200_starts_nothing_and_says_how_to_resume"]
        for cmd in ("ansible-playbook bench.yml -l ct200", "ansible-playbook bench.yml -l ct200 -e run_id=<id>",
-                   "ansible-playbook bench.yml -l ct200 -e run_id=<id> -e force=true")},
+                   "ansible-playbook bench.yml -l ct200 -e run_id=<id> -e force=true",
+                   "ansible-playbook bench.yml -l ct200 -e skip_unsupported=true")},
     # as typed, ct200 is out of reach; the playbooks run for real on test hosts in test_provision_hosts.py
     "ansible-playbook playbooks/provision.yml -l ct200": [
         "tests/playbooks/test_readme_local.py::test_provisioning_unreachable_ct200_stops_at_once",

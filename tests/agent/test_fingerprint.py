@@ -280,10 +280,14 @@ def test_collect_gives_what_host_json_needs(tmp_path: Path, model: Path, no_nvid
     assert info["gpus"] == {"count": 0, "devices": []}
     assert info["engine"] == {"name": "vllm", "distribution": "vllm", "version": "0.9.9", "commit": "abc123def",
                               "python": platform.python_version(), "patches": ["0001-a.patch"], "build": None}
-    assert info["model"] == {"name": "tiny", "path": str(model), "digest": fingerprint.model_digest(str(model))}
-    assert info["model"]["digest"] is not None
+    # config.json and weight bytes as read on the host: what a later plan's memory fit uses when it cannot ask
+    assert info["model"] == {"name": "tiny", "path": str(model), "digest": fingerprint.model_digest(str(model)),
+                             "config": json.loads((model / "config.json").read_text()),
+                             "weights_bytes": sum(p.stat().st_size for p in model.glob("*.safetensors"))}
+    assert info["model"]["digest"] is not None and info["model"]["weights_bytes"] > 0
     assert info["draft_model"] == {"name": "draft", "path": str(draft), "revision": "main",
-                                   "digest": fingerprint.model_digest(str(draft))}
+                                   "digest": fingerprint.model_digest(str(draft)), "config": {},
+                                   "weights_bytes": None}
     assert json.loads(json.dumps(info)) == info  # written as host.json
     assert "digest" not in plan["suite"]["model"]  # the plan is not changed
 

@@ -142,7 +142,7 @@ def test_a_failed_probe_or_a_missing_model_is_said(host: dict[str, Any]) -> None
     assert "host checks: not probed: the probe failed (python3: not found)" in "\n".join(res["plan_lines"])
     suite = {**host["suite"], "model": {**host["suite"]["model"], "path": str(host["root"] / "absent")}}
     res = build(suite, asker(host["root"], V0511), phases="tp1")
-    assert f"memory: not checked: no config.json or weights in {host['root'] / 'absent'} on the host" in \
+    assert f"host checks: not checked: no config.json or weights in {host['root'] / 'absent'} on the host" in \
         "\n".join(res["plan_lines"])
     off = build(host["suite"], asker(host["root"], V0511), phases="tp1", probe=False)
     assert "host checks: not probed (bench_probe is false)" in "\n".join(off["plan_lines"])
@@ -172,3 +172,31 @@ def test_unknown_selections_are_rejected_naming_what_exists(host: dict[str, Any]
                                                             message: str) -> None:
     res = build(host["suite"], **extra)
     assert res["failed"] and message in res["msg"], res.get("msg")
+
+
+def test_an_unreachable_host_is_judged_by_what_its_last_run_recorded(host: dict[str, Any]) -> None:
+    """host.json of an earlier run (the agent records the engine's flags, the models' config.json and weight bytes,
+    the GPUs): the plan judges each config by it and says which run and build it comes from."""
+    env = fake_sglang(host["root"] / "eng", "0.5.11", V0511)
+    flags, choices = probe.read_help(sys.executable, "fake_sglang.launch_server", env)
+    folder = host["root"] / "results" / "20261101T000000Z" / "ct200"
+    folder.mkdir(parents=True)
+    suite = host["suite"]
+    (folder / "host.json").write_text(json.dumps({
+        "host": "ct200", "gpus": {"count": 8, "devices": [{"index": i, "memory.total": CARD_MIB} for i in range(8)]},
+        "engine": {"name": "sglang", "version": "0.5.11", "help": {"flags": sorted(flags), "choices": choices},
+                   "build": {"source": "git", "refspec": "refs/pull/29907/head", "ref": None, "commit": "a" * 40}},
+        "model": {**suite["model"], **probe.model(suite["model"]["path"])},
+        "draft_model": {**suite["draft_model"], **probe.model(suite["draft_model"]["path"])}}))
+
+    def unreachable(python: str, request: dict[str, Any]) -> dict[str, Any]:
+        return {"unreachable": True, "msg": "ssh: Could not resolve hostname ct200"}
+    res = build({**suite, "gpu_memory_mib": 0}, unreachable, phases="tp1", results=str(host["root"] / "results"))
+    text = "\n".join(res["plan_lines"])
+    src = ("(as recorded in run 20261101T000000Z (refs/pull/29907/head @ aaaaaaaaaaaa); the host: not probed: host "
+           "unreachable (ssh: Could not resolve hostname ct200))")
+    assert f"engine: unsupported_flag: --speculative-algorithm DDTREE, --speculative-ddtree-budget not known to " \
+           f"sglang 0.5.11 {src}" in block(text, "tp1-ddtree-b8")
+    assert f"engine: supported by sglang 0.5.11 {src}" in block(text, "tp1-dflash")
+    assert "memory: fits: budget 89.4 GiB × 0.80" in block(text, "tp1-dflash") and text.count(src) == 18
+    assert res["engine_help"] is None        # only a live answer is handed to the agent

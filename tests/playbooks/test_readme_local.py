@@ -211,6 +211,8 @@ def test_plan_for_ct200_prints_every_config_without_connecting() -> None:
     # the effective values, the documented defaults filled in
     assert "bench_timeouts: health_s=1800 request_s=1800 stop_s=120 release_s=180" in out
     assert "bench_warmup_max_tokens: 32" in out
+    assert "unit: specfleet-sglang@tp8-ddtree-b64.service (its journal is server.log)" in out
+    assert "host checks: not probed: host unreachable" in out  # said once; the agent checks again before a start
     assert "UNREACHABLE" not in out
 
 
@@ -219,6 +221,18 @@ def test_plan_for_ct200_one_phase() -> None:
     assert res.returncode == 0, res.stdout[-3000:]
     assert "Plan for ct200: 9 configs" in res.stdout
     assert "tp4-" not in res.stdout and "tp8-" not in res.stdout
+
+
+def test_plan_for_ct200_selected_configs_and_sweeps() -> None:
+    res = typed("ansible-playbook bench.yml -l ct200 -e plan=true -e configs=dflash-nooverlap,ddtree-b16 "
+                "-e sweeps=context", timeout=120)
+    assert res.returncode == 0, res.stdout[-3000:]
+    out = res.stdout
+    assert "Plan for ct200: 9 configs" in out
+    ids = re.findall(r"^\[\d+/9\] (\S+)", out, re.M)
+    assert ids == [f"tp{t}-{c}" for t in (1, 4, 8) for c in ("autoregressive", "dflash-nooverlap", "ddtree-b16")]
+    assert "workloads arith; max_tokens 256; context 3000,30000,100000; concurrency 1; reps 3" in out
+    assert "host checks: not probed: host unreachable" in out and "UNREACHABLE" not in out
 
 
 ct200_unreachable = pytest.mark.skipif(resolves("ct200") or resolves("pve1"),
@@ -241,7 +255,8 @@ def test_check_on_unreachable_ct200_says_what_it_could_not_check() -> None:
 @ct200_unreachable
 @pytest.mark.parametrize("command", ["ansible-playbook bench.yml -l ct200",
                                      "ansible-playbook bench.yml -l ct200 -e run_id=<id>",
-                                     "ansible-playbook bench.yml -l ct200 -e run_id=<id> -e force=true"])
+                                     "ansible-playbook bench.yml -l ct200 -e run_id=<id> -e force=true",
+                                     "ansible-playbook bench.yml -l ct200 -e skip_unsupported=true"])
 def test_suite_on_unreachable_ct200_starts_nothing_and_says_how_to_resume(command: str) -> None:
     before = run_folders()
     res = typed(command, timeout=120, run_id="20261201T000000Z")
