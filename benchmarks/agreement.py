@@ -1,0 +1,278 @@
+"""Agreement with vLLM's own benchmark client: does specfleet's client measure what `vllm bench serve` measures?
+
+One embedded vLLM CPU server (the engine in .cache/engine-venv, the tiny model in .cache/models/target, launched
+with the flags and environment of host_vars/local.yml through agent.server's lifecycle) is measured by both
+clients on the suite's prompts (agent.workloads, in turn), with the same max_tokens, ignore_eos and
+temperature 0, at each concurrency. The clients alternate unit by unit (a unit is one burst of `concurrency`
+requests released together, as agent.measure sends them): specfleet then vLLM, then vLLM then specfleet, and so
+on, both on the same prompt within a pair, so drift and load from other programs fall on both alike.
+
+vLLM's side calls the request function `vllm bench serve --backend vllm` uses
+(vllm.benchmarks.lib.endpoint_request_func) from a small driver run by the engine's Python
+(benchmarks/vllm_client.py). Running the `vllm bench serve` command once per unit instead would start a new
+process (~5 s of imports) and a warm-up request each time, so whole-run figures would carry its start-up and
+the two clients could not alternate request by request. Each vLLM request body is what `vllm bench serve
+--ignore-eos --temperature 0` sends, plus a fresh `cache_salt` per request as specfleet sends one: without
+it vLLM's repeated prompts would be answered from the prefix cache and the two clients would time different
+server work. specfleet's body is agent.engines' own (it also asks for `return_token_ids`).
+
+Definitions (tokens are the server's `usage.completion_tokens` for both; nothing is re-tokenized):
+  TTFT        specfleet: request sent -> first chunk with a token or text.  vLLM: request sent -> first chunk
+              with `choices` (text may be empty). The same chunk for a completions stream.
+  per request output tok/s  completion_tokens / request latency, averaged over the unit's requests.
+              specfleet's latency ends at the last `data:` line ([DONE], after the usage chunk); vLLM's at the
+              last chunk with `choices`, one or two chunks earlier: vLLM's figure is slightly higher.
+              specfleet reports this figure; `vllm bench serve` does not print it (it prints TPOT).
+  unit output tok/s  the unit's tokens / its wall time, as `vllm bench serve` computes "Output token
+              throughput" for a run (total output tokens / benchmark duration). specfleet: first send to last
+              finish, threads included (agent.measure.burst); vLLM: before the asyncio tasks are created to after
+              the last returned. At concurrency 1 it differs from per request tok/s by the client's own overhead.
+  Each figure is averaged over the units; the ratio is specfleet / vLLM of those means, with a 95% interval
+  over the paired units (delta method on the log ratio, paired: t with n-1 degrees of freedom). "agree" means
+  the interval lies inside 0.98-1.02, "differ" that it lies outside, "unresolved" that it is wider.
+
+Usage (after `make engine models`; the machine should be otherwise idle, it takes about a minute per 60 pairs):
+  .venv/bin/python benchmarks/agreement.py [--pairs 400] [--concurrency 1 4] [--max-tokens 256] [--budget-s S]
+                                            [--out rows.jsonl]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import yaml
+from scipy import stats
+
+from agent import workloads
+from agent.config import server_env
+from agent.engines import ENGINES
+from agent.engines import PORT as PORT_PLACEHOLDER
+from agent.measure import Endpoint, burst
+from agent.server import ProcessServer, become_subreaper, free_port
+from agent.sweep import MARK
+from collector.stats import mean_std
+
+ROOT = Path(__file__).resolve().parents[1]
+ENGINE_PYTHON = ROOT / ".cache/engine-venv/bin/python"
+VLLM_DRIVER = ROOT / "benchmarks/vllm_client.py"
+TOLERANCE = 0.02
+FIGURES = (("tok_s", "output tok/s, per request"), ("unit_tok_s", "output tok/s, per unit"),
+           ("ttft_ms", "mean TTFT, ms"))
+
+
+# -- the interval -------------------------------------------------------------------------------------------
+def paired_ratio_ci(a: Sequence[float], b: Sequence[float],
+                    level: float = 0.95) -> Tuple[Optional[float], Optional[float], Optional[float]]:
+    """mean(a)/mean(b) and its interval for paired samples (a[i], b[i]): delta method on the log ratio,
+    log R ~ mean(a_i/ma - b_i/mb), so what pairs share (drift, another program's load) cancels."""
+    if len(a) != len(b):
+        raise ValueError("paired samples need equal lengths")
+    ma, _ = mean_std(a)
+    mb, _ = mean_std(b)
+    if ma is None or mb is None or ma <= 0 or mb <= 0:
+        return None, None, None
+    ratio = ma / mb
+    _, sd = mean_std([x / ma - y / mb for x, y in zip(a, b)])
+    if sd is None:
+        return ratio, None, None
+    half = float(stats.t.ppf(0.5 + level / 2, len(a) - 1)) * sd / math.sqrt(len(a))
+    return ratio, ratio * math.exp(-half), ratio * math.exp(half)
+
+
+def verdict(lo: Optional[float], hi: Optional[float], tol: float = TOLERANCE) -> str:
+    """Whether the interval resolves |ratio - 1| < tol: inside, outside, or neither."""
+    if lo is None or hi is None:
+        return "unresolved"
+    if 1 - tol < lo and hi < 1 + tol:
+        return "agree"
+    if hi < 1 - tol or lo > 1 + tol:
+        return "differ"
+    return "unresolved"
+
+
+# -- the server, as the demo configures it ------------------------------------------------------------------
+def _render(value: Any, names: Dict[str, str]) -> Any:
+    if isinstance(value, str):
+        for name, repl in names.items():
+            value = value.replace("{{ " + name + " }}", repl)
+        return value
+    if isinstance(value, list):
+        return [_render(v, names) for v in value]
+    if isinstance(value, dict):
+        return {k: _render(v, names) for k, v in value.items()}
+    return value
+
+
+def demo_server(work: Path) -> Tuple[ProcessServer, Dict[str, Any]]:
+    """The autoregressive server of host_vars/local.yml (its flags and environment), caches under `work`."""
+    hv = yaml.safe_load((ROOT / "host_vars/local.yml").read_text())
+    hv = _render(hv, {"specfleet_root": str(ROOT), "bench_host_dir": str(work)})
+    cfg = {"model": hv["bench_model"], "tp": 1, "server_args": hv["bench_server_args"], "method": "autoregressive",
+           "method_params": {}, "env": {k: str(v) for k, v in hv["bench_env"].items()}}
+    for key in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TMPDIR", "VLLM_RPC_BASE_PATH"):
+        Path(cfg["env"][key]).mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    argv = [str(port) if a == PORT_PLACEHOLDER else a
+            for a in ENGINES["vllm"].launch_command(str(ENGINE_PYTHON), cfg, "127.0.0.1")]
+    env = {**server_env(cfg), MARK: f"agreement/{uuid.uuid4().hex[:12]}"}
+    server = ProcessServer(argv, env, work / "server.log", port, stop_deadline_s=hv["bench_timeouts"]["stop_s"])
+    return server, {**hv, "port": port}
+
+
+# -- the two clients ----------------------------------------------------------------------------------------
+@dataclass
+class Unit:
+    """One client's figures for one unit (a burst of `n` requests)."""
+
+    tok_s: float
+    unit_tok_s: float
+    ttft_ms: float
+    tokens: List[int]
+
+
+def _unit(tokens: List[int], latencies: List[float], ttfts: List[float], wall_s: float) -> Unit:
+    return Unit(tok_s=sum(t / e for t, e in zip(tokens, latencies)) / len(tokens), unit_tok_s=sum(tokens) / wall_s,
+                ttft_ms=1000 * sum(ttfts) / len(ttfts), tokens=tokens)
+
+
+def specfleet_unit(ep: Endpoint, cfg: Dict[str, Any], prompt: str, max_tokens: int, n: int, tag: str) -> Unit:
+    rows, wall_s = burst(cfg, ep, prompt, max_tokens, n, tag)
+    bad = [r["error"] for r in rows if not r["ok"]]
+    if bad:
+        raise RuntimeError(f"specfleet request failed: {bad[0]}")
+    return _unit([r["completion_tokens"] for r in rows], [r["e2e_s"] for r in rows], [r["ttft_s"] for r in rows],
+                 wall_s)
+
+
+class VllmClient:
+    """vLLM's request function in the engine's Python (benchmarks/vllm_client.py), one burst per call."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([str(ENGINE_PYTHON), str(VLLM_DRIVER)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, bufsize=1)
+
+    def unit(self, port: int, model: str, prompt: str, max_tokens: int, n: int, sampling: Dict[str, Any],
+             tag: str) -> Unit:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        extra = [{"temperature": sampling["temperature"], "cache_salt": f"{tag}-{i}-{uuid.uuid4().hex[:8]}"}
+                 for i in range(n)]
+        cmd = {"url": f"http://127.0.0.1:{port}/v1/completions", "model": model, "prompt": prompt,
+               "max_tokens": max_tokens, "n": n, "extra_body": extra}
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the vLLM client exited with code {self.proc.wait()}")
+        out = json.loads(line)
+        bad = [r["error"] for r in out["requests"] if not r["ok"]]
+        if bad:
+            raise RuntimeError(f"vLLM client request failed: {bad[0]}")
+        reqs = out["requests"]
+        return _unit([r["output_tokens"] for r in reqs], [r["latency_s"] for r in reqs], [r["ttft_s"] for r in reqs],
+                     out["duration_s"])
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+# -- the run ------------------------------------------------------------------------------------------------
+def pairs_at(n: int, pairs: int, budget_s: float, max_tokens: int, ep: Endpoint, cfg: Dict[str, Any],
+             vllm: VllmClient, rows_out: Optional[Any]) -> List[Tuple[Unit, Unit]]:
+    """`pairs` alternating units of both clients at concurrency `n`, the prompts in turn; fewer when `budget_s`
+    seconds have passed (always an even number, so each client went first equally often)."""
+    names = workloads.known()
+    out: List[Tuple[Unit, Unit]] = []
+    t0 = time.monotonic()
+    for i in range(pairs):
+        if i % 2 == 0 and time.monotonic() - t0 > budget_s:
+            break
+        name = names[i % len(names)]
+        prompt = workloads.PROMPTS[name]
+
+        tag = f"c{n}-{i}"
+        if i % 2 == 0:
+            a = specfleet_unit(ep, cfg, prompt, max_tokens, n, f"agree-{tag}")
+            b = vllm.unit(ep.port, cfg["model"]["name"], prompt, max_tokens, n, cfg["sampling"], f"vllm-{tag}")
+        else:
+            b = vllm.unit(ep.port, cfg["model"]["name"], prompt, max_tokens, n, cfg["sampling"], f"vllm-{tag}")
+            a = specfleet_unit(ep, cfg, prompt, max_tokens, n, f"agree-{tag}")
+        for u in (a, b):
+            if any(t != max_tokens for t in u.tokens):
+                raise RuntimeError(f"the server reported {u.tokens} completion tokens, not {max_tokens} each")
+        out.append((a, b))
+        if rows_out is not None:
+            rows_out.write(json.dumps({"concurrency": n, "pair": i, "workload": name, "first": "specfleet"
+                                       if i % 2 == 0 else "vllm", "specfleet": a.__dict__, "vllm": b.__dict__}) + "\n")
+        if (i + 1) % 50 == 0:
+            print(f"  concurrency {n}: {i + 1}/{pairs} pairs, {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    return out
+
+
+def report(n: int, max_tokens: int, got: List[Tuple[Unit, Unit]]) -> None:
+    print(f"\nconcurrency {n}: {len(got)} pairs ({len(got) * n} requests per client), max_tokens {max_tokens}, "
+          f"ignore_eos, temperature 0")
+    print(f"  {'figure':26} {'specfleet':>10} {'vLLM':>10} {'ratio':>7}  {'95% interval':17} |ratio-1| < 2%")
+    for key, label in FIGURES:
+        a = [getattr(x, key) for x, _ in got]
+        b = [getattr(y, key) for _, y in got]
+        ratio, lo, hi = paired_ratio_ci(a, b)
+        interval = f"[{lo:.4f}, {hi:.4f}]" if lo is not None and hi is not None else "-"
+        print(f"  {label:26} {sum(a) / len(a):10.2f} {sum(b) / len(b):10.2f} "
+              f"{ratio if ratio is not None else float('nan'):7.4f}  {interval:17} {verdict(lo, hi)}")
+    slow = [sum(u.ttft_ms > 40 for u in side) / len(got) for side in zip(*got)]
+    print(f"  units with mean TTFT > 40 ms: specfleet {100 * slow[0]:.0f}%, vLLM {100 * slow[1]:.0f}%")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--pairs", type=int, default=400, help="alternating pairs of units per concurrency")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--budget-s", type=float, default=float("inf"), help="stop a concurrency's pairs after this")
+    p.add_argument("--out", type=Path, help="also write every pair's figures here (JSON lines)")
+    p.add_argument("--work", type=Path, default=ROOT / ".work/agreement", help="server log and caches")
+    args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # leave through the server's stop
+    become_subreaper()
+    server, hv = demo_server(args.work)
+    sampling = hv["bench_sampling"]
+    cfg = {"timeouts": {"request_s": hv["bench_timeouts"]["request_s"]}, "model": hv["bench_model"],
+           "sampling": sampling}
+    ep = Endpoint(ENGINES["vllm"], hv["port"])
+    vllm = VllmClient()
+    rows_out = args.out.open("w") if args.out else None
+    print(__doc__[__doc__.index("Definitions"):__doc__.index("Usage")].rstrip())
+    try:
+        with server:
+            ready = server.wait_ready(ENGINES["vllm"].health_path, hv["bench_timeouts"]["health_s"])
+            print(f"\nserver ready in {ready:.1f} s on port {hv['port']} ({' '.join(server.argv[1:4])} ...)")
+            for n in args.concurrency:  # warm both clients and the server at this concurrency, untimed
+                specfleet_unit(ep, cfg, workloads.PROMPTS["fib"], 16, n, f"warm-c{n}")
+                vllm.unit(ep.port, cfg["model"]["name"], workloads.PROMPTS["fib"], 16, n, sampling, f"vwarm-c{n}")
+                got = pairs_at(n, args.pairs, args.budget_s, args.max_tokens, ep, cfg, vllm, rows_out)
+                report(n, args.max_tokens, got)
+                sys.stdout.flush()
+    finally:
+        vllm.close()
+        if rows_out is not None:
+            rows_out.close()
+    print(f"\nserver stopped in {server.stop_s:.1f} s{'; ' + server.stop_error if server.stop_error else ''}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
