@@ -1,4 +1,5 @@
-"""NVIDIA GPU facts from nvidia-smi, and the wait for GPU memory to come back after a stop.
+"""NVIDIA GPU facts from nvidia-smi, the wait for GPU memory to come back after a stop, and the
+fields and decoding of the GPU-state samples taken during a config (`agent.gpusample`).
 
 Parsers accept nvidia-smi's real formats (CSV with or without header and units, `-q -x` XML);
 they are tested on captures from a real H200 host. On hosts without nvidia-smi every function
@@ -21,6 +22,71 @@ RELEASE_TOLERANCE_MIB = 1024
 _HEADER_CELL = re.compile(r"[a-z][a-z0-9_.]*(\s*\[.*\])?")
 _VERSION_RE = re.compile(r"\d+(?:\.\d+)+")
 STRING_FIELDS = {"driver_version", "vbios_version", "name", "uuid", "pci.bus_id", "serial", "inforom.img"}
+
+
+# -- GPU-state samples (agent.gpusample) --------------------------------------------------------------
+# What one sample asks nvidia-smi for, in its own field names. The clock-event ("throttle") reasons follow:
+# newer drivers list them as clocks_event_reasons.* and still accept clocks_throttle_reasons.* (580.159.04,
+# tests/fixtures/nvidia-h200/help-query-gpu.txt); older ones know only the second. The sampler asks with
+# the first prefix and falls back to the second.
+SAMPLE_FIELDS = ("timestamp", "index", "uuid", "clocks.sm", "clocks.mem", "power.draw", "temperature.gpu",
+                 "utilization.gpu", "utilization.memory", "memory.used")
+REASON_PREFIXES = ("clocks_event_reasons", "clocks_throttle_reasons")
+# The reasons that slow the clocks against the workload's will, each with the kind the report names.
+THROTTLE_KINDS = {"sw_power_cap": "power cap", "hw_slowdown": "HW slowdown", "hw_power_brake_slowdown": "HW slowdown",
+                  "hw_thermal_slowdown": "thermal", "sw_thermal_slowdown": "thermal"}
+# The bits of `<prefix>.active` (NVML's nvmlClocksEventReason* constants); gpu_idle, application clocks,
+# sync boost and display clocks are not throttling.
+REASON_BITS = {"gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap": 0x4, "hw_slowdown": 0x8,
+               "sync_boost": 0x10, "sw_thermal_slowdown": 0x20, "hw_thermal_slowdown": 0x40,
+               "hw_power_brake_slowdown": 0x80, "display_clock_setting": 0x100}
+_SAMPLE_NUMBERS = SAMPLE_FIELDS[3:]
+
+
+def sample_fields(prefix: str = REASON_PREFIXES[0]) -> str:
+    """The `--query-gpu=` list of one sample, with the reasons under `prefix`."""
+    return ",".join(SAMPLE_FIELDS + tuple(f"{prefix}.{r}" for r in ("active", *THROTTLE_KINDS)))
+
+
+def decode_reasons(mask: int) -> list[str]:
+    """The reason names set in a `clocks_event_reasons.active` bitmask, in bit order."""
+    return [name for name, bit in REASON_BITS.items() if mask & bit]
+
+
+def parse_sample(line: str, fields: str) -> list[dict[str, Any]]:
+    """One line of `nvidia-smi --query-gpu=<sample_fields()> --format=csv,noheader,nounits` as a sample:
+    nvidia-smi's names for the readings (a reading it cannot give, such as `[N/A]`, becomes None),
+    `reasons_mask` (the `.active` bitmask as an integer), `reasons` (every reason it sets, decoded) and
+    one boolean per throttle reason (the driver's own Active/Not Active, else decoded from the mask).
+    [] when the line is not such a row (an error message, a blank line)."""
+    rows = parse_query_csv(line, fields)
+    if not rows or not isinstance(rows[0].get("index"), int):
+        return []
+    row = rows[0]
+    prefix = next((p for p in REASON_PREFIXES if f"{p}.active" in row), REASON_PREFIXES[0])
+    mask = _mask(row.get(f"{prefix}.active"))
+    out: dict[str, Any] = {"smi_time": row.get("timestamp"), "index": row["index"], "uuid": row.get("uuid")}
+    for name in _SAMPLE_NUMBERS:
+        v = row.get(name)
+        out[name] = v if isinstance(v, (int, float)) else None
+    out["reasons_mask"] = mask
+    out["reasons"] = decode_reasons(mask) if mask is not None else None
+    for reason in THROTTLE_KINDS:
+        said = str(row.get(f"{prefix}.{reason}", "")).strip().lower()
+        if said in ("active", "not active"):
+            out[reason] = said == "active"
+        else:
+            out[reason] = bool(mask & REASON_BITS[reason]) if mask is not None else None
+    return [out]
+
+
+def _mask(v: Any) -> int | None:
+    if isinstance(v, int):
+        return v
+    try:
+        return int(str(v).strip(), 16)
+    except ValueError:
+        return None
 
 
 def _clean(key: str) -> str:

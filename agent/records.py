@@ -1,4 +1,4 @@
-"""The results contract, defined once: the fields of `requests.jsonl`, `status.json` and `config.json`,
+"""The results contract, defined once: the fields of `requests.jsonl`, `status.json`, `config.json` and `gpu.jsonl`,
 what a cell is, and the progress events. The agent writes through it, the collector reads through it,
 and the JSON Schemas under `schemas/` are generated from it (`python -m agent schemas`).
 """
@@ -102,6 +102,37 @@ STATUS = (
     _f("survivors", "array", "processes that outlived the server and were killed", required=False),
     _f("unsupported_flags", "array", "flags the installed engine does not know", required=False),
     _f("memory_fit", "string", "the memory arithmetic of a config refused as does_not_fit", required=False),
+    _f("gpu_state", "object",
+       "the GPUs during the timed requests, from gpu.jsonl (agent.gpusample.summarize): window_s, interval_s, "
+       "samples (sampling instants in the window), gpus (per GPU: index, uuid, samples, min/max/mean of clocks.sm, "
+       "clocks.mem [MHz], power.draw [W], temperature.gpu [C], utilization.gpu, utilization.memory [%], "
+       "memory.used [MiB], throttle: samples per active reason), throttled (one entry per GPU and reason: gpu, "
+       "reason, kind thermal|power cap|HW slowdown, samples, of; empty when nothing throttled), note; absent "
+       "on hosts without nvidia-smi", required=False),
+)
+
+GPU_SAMPLE = (
+    _f("mono_s", "number", "the agent's monotonic clock when the line arrived (the clock of the timed window)"),
+    _f("utc", "string", "UTC, ISO 8601, when the line arrived"),
+    _f("sample", "integer", "sampling instant, from 0; the lines of one instant share it"),
+    _f("smi_time", "string|null", "nvidia-smi's own timestamp (host local time)", required=False),
+    _f("index", "integer", "the GPU's index"),
+    _f("uuid", "string|null", "the GPU's UUID"),
+    _f("clocks.sm", "number|null", "SM clock, MHz"),
+    _f("clocks.mem", "number|null", "memory clock, MHz"),
+    _f("power.draw", "number|null", "power draw, W"),
+    _f("temperature.gpu", "number|null", "GPU core temperature, C"),
+    _f("utilization.gpu", "number|null", "percent of the sample period a kernel ran"),
+    _f("utilization.memory", "number|null", "percent of the sample period device memory was read or written"),
+    _f("memory.used", "number|null", "device memory in use, MiB"),
+    _f("reasons_mask", "integer|null", "clocks_event_reasons.active (clocks_throttle_reasons.active on older "
+                                       "drivers), the bitmask"),
+    _f("reasons", "array|null", "every reason set in the bitmask, by name (gpu_idle, sw_power_cap, ...)"),
+    _f("sw_power_cap", "boolean|null", "clocks lowered to keep power under the limit"),
+    _f("hw_slowdown", "boolean|null", "hardware slowdown (temperature, power brake or power draw)"),
+    _f("hw_thermal_slowdown", "boolean|null", "hardware slowdown for temperature"),
+    _f("sw_thermal_slowdown", "boolean|null", "clocks lowered by the driver for temperature"),
+    _f("hw_power_brake_slowdown", "boolean|null", "hardware slowdown by an external power brake"),
 )
 
 CONFIG = (
@@ -128,7 +159,8 @@ CONFIG = (
        required=False),
 )
 
-RECORDS: dict[str, tuple[Field, ...]] = {"requests.jsonl": REQUEST, "status.json": STATUS, "config.json": CONFIG}
+RECORDS: dict[str, tuple[Field, ...]] = {"requests.jsonl": REQUEST, "status.json": STATUS, "config.json": CONFIG,
+                                         "gpu.jsonl": GPU_SAMPLE}
 _PY = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "object": dict, "array": list,
        "null": type(None)}
 

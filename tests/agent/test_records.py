@@ -50,7 +50,7 @@ CONFIG_REC = {"config_id": "p1-eagle-tp1", "phase": "p1", "host": "gpu-1", "engi
               "warmup_max_tokens": 32, "cells": [CELL_], "requests": 6,
               "command": ["vllm", "serve", "--api-key", "<redacted>"], "environment": {"HF_TOKEN": "<redacted>"},
               "timeouts": {"health_s": 900, "request_s": 900, "stop_s": 60, "release_s": 120}, "estimate_s": 90.0}
-SCHEMAS = ("requests.jsonl", "status.json", "config.json")
+SCHEMAS = ("requests.jsonl", "status.json", "config.json", "gpu.jsonl")
 
 
 # -- problem, request_problem -------------------------------------------------------------------------
