@@ -27,6 +27,8 @@ class Measurement:
     completion_tokens: int | None = None
     prompt_tokens: int | None = None
     accept_length: float | None = None
+    spec_steps: int | None = None
+    spec_accepted: int | None = None
     finish_reason: str | None = None
     error: str | None = None
     itl_s: list[float] = field(default_factory=list)
@@ -58,7 +60,8 @@ class Measurement:
                 # inter-token latency: the chunk's gap spread over the tokens it carried
                 self.itl_s.extend([(t - self._t_prev) / info.tokens] * info.tokens)
             self._t_prev = t
-        for name in ("completion_tokens", "prompt_tokens", "accept_length", "finish_reason"):
+        for name in ("completion_tokens", "prompt_tokens", "accept_length", "spec_steps", "spec_accepted",
+                     "finish_reason"):
             value = getattr(info, name)
             if value is not None:
                 setattr(self, name, value)
@@ -78,10 +81,13 @@ class Measurement:
         return {
             "prompt_tokens": self.prompt_tokens, "completion_tokens": tok,
             "ttft_s": ttft, "e2e_s": e2e, "output_tok_s": out_tok_s, "decode_tok_s": decode,
+            "tpot_s": 1 / decode if decode else None,
             "itl_mean_s": sum(itl) / len(itl) if itl else None,
             "itl_p50_s": itl[len(itl) // 2] if itl else None,
             "chunks": self.chunks, "finish_reason": self.finish_reason,
-            "accept_length": self.accept_length, "ok": ok, "error": err,
+            "accept_length": self.accept_length, "spec_steps": self.spec_steps,
+            "spec_accepted_tokens": self.spec_accepted, "ok": ok, "error": err,
+            "t_sent": self.t_sent, "t_done": self.t_last,  # clock readings: measure makes them offsets
         }
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Set
 
-from . import fit, gpu, probe
+from . import fit, gpu, gpusample, probe
 from .classify import Reason, classify, tail
 from .engines import PORT, Engine
 from .measure import Endpoint, Measured, PromptError, measure
@@ -169,7 +169,12 @@ def serve(host: Host, cfg: Mapping[str, Any], folder: Path) -> Result:
             ready_s = round(server.wait_ready(host.engine.health_path, cfg["timeouts"]["health_s"]), 3)
             host.store.event(Event.CONFIG_READY, config_id=cfg["config_id"], ready_s=ready_s, port=port,
                              server_pid=server.pid)
-            out = measure(cfg, identity, server, Endpoint(host.engine, port, server.host, host.headers))
+            # GPU clocks, power, temperature and throttle reasons at 1 Hz (nothing on a host without nvidia-smi)
+            with gpusample.Sampler(folder / "gpu.jsonl") as gpus:
+                out = measure(cfg, identity, server, Endpoint(host.engine, port, server.host, host.headers))
+            state = gpus.summary(*out.window) if out.window else None
+            if state is not None:
+                out.fields["gpu_state"] = state
     except StartupFailed as exc:
         out.reason, out.detail = exc.reason, exc.detail
         if exc.reason == Reason.CRASHED:
@@ -190,7 +195,7 @@ def serve(host: Host, cfg: Mapping[str, Any], folder: Path) -> Result:
     return Result(Outcome.FAILED if out.reason else Outcome.OK, out.reason, "; ".join(notes) or None, out.rows,
                   tail(log_text, 40), argv,
                   dict(ready_s=ready_s, port=port, timed_s=round(out.timed_s, 3), stop_s=round(server.stop_s, 3),
-                       survivors=server.survivors))
+                       survivors=server.survivors, **out.fields))
 
 
 def _scrubbed_log(path: Path, secrets: List[str]) -> str:

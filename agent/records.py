@@ -73,12 +73,21 @@ REQUEST = (
     _f("e2e_s", "number|null", "seconds from send to the last byte", required=False),
     _f("output_tok_s", "number|null", "completion_tokens / e2e_s", required=False),
     _f("decode_tok_s", "number|null", "(completion_tokens - 1) / (e2e_s - ttft_s)", required=False),
-    _f("itl_mean_s", "number|null", "mean inter-token latency", required=False),
-    _f("itl_p50_s", "number|null", "median inter-token latency", required=False),
+    _f("tpot_s", "number|null", "time per output token after the first: (e2e_s - ttft_s) / (completion_tokens - 1)",
+       required=False),
+    _f("itl_mean_s", "number|null", "mean gap between content chunks spread over the tokens each carried (chunk "
+       "arrival: shaped by how the server batches its stream; use tpot_s for speed)", required=False),
+    _f("itl_p50_s", "number|null", "median of the same chunk gaps (see itl_mean_s)", required=False),
     _f("chunks", "integer", "stream chunks received (not tokens)", required=False),
     _f("finish_reason", "string|null", "the server's finish reason", required=False),
     _f("accept_length", "number|null", "mean accepted tokens per verify step, null for the baseline",
        required=False),
+    _f("spec_steps", "integer|null", "verify steps of the request as the server counts them (speculative configs)",
+       required=False),
+    _f("spec_accepted_tokens", "integer|null", "draft tokens accepted over those steps", required=False),
+    _f("sent_s", "number", "when it was sent, in seconds after the config's first timed request was sent",
+       required=False),
+    _f("done_s", "number|null", "when its last byte arrived, on the same clock as sent_s", required=False),
     _f("ok", "boolean", "false when the request errored"),
     _f("error", "string|null", "the error when not ok", required=False),
 )
@@ -109,6 +118,13 @@ STATUS = (
        "memory.used [MiB], throttle: samples per active reason), throttled (one entry per GPU and reason: gpu, "
        "reason, kind thermal|power cap|HW slowdown, samples, of; empty when nothing throttled), note; absent "
        "on hosts without nvidia-smi", required=False),
+    _f("counters", "object", "the server's counters over the timed requests against the rows: verdict ok, "
+       "suspect or unchecked, each check with both figures (agent/counters.py)", required=False),
+    _f("order_seed", "integer", "seed of the shuffled request order", required=False),
+    _f("cold_start", "object|null", "the first timed request's TTFT against its cell's median; outlier when "
+       "above 3x", required=False),
+    _f("host_load", "object|null", "CPU seconds of the engine and of everything else during the timed "
+       "requests, and the 1-minute load average", required=False),
 )
 
 GPU_SAMPLE = (

@@ -16,7 +16,9 @@ from .stats import mean_std, ratio_ci
 CELL = ["host", "engine", "model", "tp", *records.CELL]  # a row of the table; a spec row pairs with the baseline's
 COLUMNS = CELL + ["config_id", "method", "method_params", "n", "errors", "tok_s_mean", "tok_s_std", "speedup",
                   "speedup_ci_low", "speedup_ci_high", "significant", "accept_length_mean", "ttft_mean_s",
-                  "status"]
+                  "status", "cv", "tpot_mean_s", "burst_tok_s_mean", "burst_speedup", "burst_speedup_ci_low",
+                  "burst_speedup_ci_high", "flags", "checks"]
+NOISY_CV = 0.05  # a cell whose tok/s varies more than this (std / mean) is flagged `noisy`
 DDTREE, DFLASH = "ddtree", "dflash"
 # SGLang runs speculative decoding with overlap scheduling only under spec v2 (SGLANG_ENABLE_SPEC_V2 true) and
 # without --disable-overlap-schedule; DDTree's patch forces overlap off whatever the config says.
@@ -34,28 +36,71 @@ def _identity(c: ConfigResult) -> dict[str, Any]:
     return {**ident, "method_params": json.dumps(ident["method_params"], sort_keys=True)}
 
 
+def config_flags(status: dict[str, Any]) -> tuple[list[str], str]:
+    """What the agent's checks say of a config: `suspect` when the server's counters disagree with the rows,
+    `throttled` when a GPU throttled (thermal, power cap, HW slowdown) during the timed requests, `cold_start` when
+    the first timed request was an outlier; and the figures, in words."""
+    flags, words = [], []
+    counters = status.get("counters") or {}
+    if counters.get("verdict") == "suspect":
+        flags.append("suspect")
+        words.append(f"counters: {counters.get('why')}")
+    throttled = (status.get("gpu_state") or {}).get("throttled") or []
+    if throttled:
+        flags.append("throttled")
+        words.append("GPU " + ", ".join(f"{t.get('gpu')} {t.get('kind')} ({t.get('reason')}) in {t.get('samples')} of "
+                                        f"{t.get('of')} samples" for t in throttled))
+    cold = status.get("cold_start") or {}
+    if cold.get("outlier"):
+        flags.append("cold_start")
+        words.append(f"first TTFT {cold.get('first_ttft_s')} s vs cell median {cold.get('cell_median_ttft_s')} s")
+    return flags, "; ".join(words)
+
+
+def bursts(rows: list[dict[str, Any]]) -> list[float]:
+    """Aggregate output tok/s of each burst of concurrent requests (one per repetition): its completion tokens over
+    the time from its first send to its last finish. Empty when the rows carry no send and finish times."""
+    by_rep: dict[Any, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_rep.setdefault(r.get("rep"), []).append(r)
+    out = []
+    for group in by_rep.values():
+        if not all(r["ok"] and r.get("sent_s") is not None and r.get("done_s") is not None for r in group):
+            continue
+        span = max(r["done_s"] for r in group) - min(r["sent_s"] for r in group)
+        if span > 0:
+            out.append(sum(int(r["completion_tokens"] or 0) for r in group) / span)
+    return out
+
+
 def _samples(run: Run) -> list[dict[str, Any]]:
     """One entry per (config, cell): its ok tok/s samples, or its failure reason."""
     out = []
     for c in run.configs:
         ident = _identity(c)
         st = c.status.get("status")
+        flags, checks = config_flags(c.status)
         if st != "ok":
             cells = c.config.get("cells") or [{}]
             for cell in cells:
                 out.append({**ident, **{k: cell.get(k) for k in records.CELL}, "tok": [], "acc": [], "ttft": [],
-                            "errors": 0, "n_total": 0, "status": c.status.get("reason") or st})
+                            "tpot": [], "rows": [], "errors": 0, "n_total": 0, "status": c.status.get("reason") or st,
+                            "flags": [], "checks": ""})
             continue
         cells: dict[tuple[Any, ...], dict[str, Any]] = {}
         for r in c.requests:
             key = records.cell_key(r)
             e = cells.setdefault(key, {**ident, **dict(zip(records.CELL, key)), "tok": [], "acc": [], "ttft": [],
-                                       "errors": 0, "n_total": 0, "status": "ok"})
+                                       "tpot": [], "rows": [], "errors": 0, "n_total": 0, "status": "ok",
+                                       "flags": list(flags), "checks": checks})
             e["n_total"] += 1
+            e["rows"].append(r)
             if not r["ok"]:
                 e["errors"] += 1
                 continue
             e["tok"].append(float(r["output_tok_s"]))
+            if r.get("tpot_s") is not None:
+                e["tpot"].append(float(r["tpot_s"]))
             if r.get("accept_length") is not None:
                 e["acc"].append(float(r["accept_length"]))
             if r.get("ttft_s") is not None:
@@ -63,8 +108,8 @@ def _samples(run: Run) -> list[dict[str, Any]]:
         for cell in c.config.get("cells") or []:
             key = records.cell_key(cell)
             if key not in cells:  # listed in the config, but no valid request line for it
-                cells[key] = {**ident, **dict(zip(records.CELL, key)), "tok": [], "acc": [], "ttft": [], "errors": 0,
-                              "n_total": 0, "status": "no_data"}
+                cells[key] = {**ident, **dict(zip(records.CELL, key)), "tok": [], "acc": [], "ttft": [], "tpot": [],
+                              "rows": [], "errors": 0, "n_total": 0, "status": "no_data", "flags": [], "checks": ""}
         out.extend(cells.values())
     return out
 
@@ -80,6 +125,8 @@ def table(run: Run) -> pd.DataFrame:
     samples = _samples(run)
     base = {tuple(s[k] for k in CELL): s["tok"] for s in samples
             if s["method"] == "autoregressive" and s["status"] == "ok" and s["tok"]}
+    base_burst = {tuple(s[k] for k in CELL): bursts(s["rows"]) for s in samples
+                  if s["method"] == "autoregressive" and s["status"] == "ok" and (s["concurrency"] or 1) > 1}
     rows = []
     for s in samples:
         m, sd = mean_std(s["tok"])
@@ -91,11 +138,23 @@ def table(run: Run) -> pd.DataFrame:
             lo, hi = (speedup, speedup) if s["method"] == "autoregressive" else ratio_ci(s["tok"], b)
         sig = _significant(lo, hi) if s["method"] != "autoregressive" else ""
         acc = mean_std(s["acc"])[0]
+        cv = sd / m if m and sd is not None else None
+        flags = s["flags"] + (["noisy"] if cv is not None and cv > NOISY_CV else [])
+        burst = bursts(s["rows"]) if (s["concurrency"] or 1) > 1 else []
+        bb = base_burst.get(tuple(s[k] for k in CELL)) or []
+        bm_, bsp = mean_std(burst)[0], None
+        blo = bhi = None
+        if bm_ is not None and bb:
+            bsp = bm_ / (sum(bb) / len(bb))
+            blo, bhi = (bsp, bsp) if s["method"] == "autoregressive" else ratio_ci(burst, bb)
         rows.append({**{k: s[k] for k in CELL}, "config_id": s["config_id"], "method": s["method"],
                      "method_params": s["method_params"], "n": len(s["tok"]), "errors": s["errors"],
                      "tok_s_mean": m, "tok_s_std": sd, "speedup": speedup, "speedup_ci_low": lo,
                      "speedup_ci_high": hi, "significant": sig, "accept_length_mean": acc,
-                     "ttft_mean_s": mean_std(s["ttft"])[0], "status": s["status"]})
+                     "ttft_mean_s": mean_std(s["ttft"])[0], "status": s["status"], "cv": cv,
+                     "tpot_mean_s": mean_std(s["tpot"])[0], "burst_tok_s_mean": bm_, "burst_speedup": bsp,
+                     "burst_speedup_ci_low": blo, "burst_speedup_ci_high": bhi, "flags": ",".join(flags),
+                     "checks": s["checks"]})
     df = pd.DataFrame(rows, columns=COLUMNS)
     if df.empty:
         return df
@@ -227,6 +286,10 @@ def hand_run_lines(df: pd.DataFrame) -> list[str]:
                 extra.append(f"{r['speedup']:.2f}x [{_fmt(r['speedup_ci_low'])}, {_fmt(r['speedup_ci_high'])}]")
             if not pd.isna(r["accept_length_mean"]):
                 extra.append(f"accept {r['accept_length_mean']:.2f}")
+            if not _na(r["burst_tok_s_mean"]):
+                extra.append(f"burst {r['burst_tok_s_mean']:.1f} tok/s")
+            if r["flags"]:
+                extra.append(f"[{r['flags']}]")
             lines.append(f"{text}  ({', '.join(extra)})")
     return lines
 
@@ -325,10 +388,16 @@ def render(run: Run, fmt: str) -> str:
     md = [f"# Run {run.meta.get('run_id', run.root.name)}", ""]
     md += ["```", *hand_run_lines(df), "```", "", "## Speedup vs the autoregressive baseline", ""]
     shown = df.copy()
-    for col in ("tok_s_mean", "tok_s_std", "speedup", "speedup_ci_low", "speedup_ci_high", "accept_length_mean"):
+    for col in ("tok_s_mean", "tok_s_std", "speedup", "speedup_ci_low", "speedup_ci_high", "accept_length_mean",
+                "cv", "burst_tok_s_mean", "burst_speedup", "burst_speedup_ci_low", "burst_speedup_ci_high"):
         shown[col] = shown[col].map(_fmt)
-    shown["ttft_mean_s"] = shown["ttft_mean_s"].map(lambda v: _fmt(v, 3))
-    md.append(shown.drop(columns=["engine", "model", "method", "method_params"]).to_markdown(index=False))
+    for col in ("ttft_mean_s", "tpot_mean_s"):
+        shown[col] = shown[col].map(lambda v: _fmt(v, 3))
+    md.append(shown.drop(columns=["engine", "model", "method", "method_params", "checks"]).to_markdown(index=False))
+    checked = df[df["checks"].astype(bool)].drop_duplicates(["host", "config_id"])
+    if not checked.empty:
+        md += ["", "## Checks that did not pass", "",
+               *[f"- {r['host']} {r['config_id']} [{r['flags']}]: {r['checks']}" for _, r in checked.iterrows()]]
     hosts = cross_host(df)
     if not hosts.empty:
         md += ["", "## Across hosts", "", hosts.to_markdown(index=False, floatfmt=".2f")]

@@ -42,8 +42,8 @@ COVERED: dict[str, list[str]] = {
     "ansible-playbook playbooks/recover.yml -l ct200": [
         "tests/playbooks/test_readme_local.py::test_provisioning_unreachable_ct200_stops_at_once",
         "tests/playbooks/test_provision_hosts.py::test_recover_after_a_reboot_of_the_proxmox_host"],
-    "make testhosts": ["tests/playbooks/test_testhosts_suite.py::testhosts"],
-    "ansible-playbook playbooks/engine.yml -l testhosts": ["tests/playbooks/test_testhosts_suite.py::testhosts"],
+    "make testhosts": ["tests/playbooks/conftest.py::testhosts"],
+    "ansible-playbook playbooks/engine.yml -l testhosts": ["tests/playbooks/conftest.py::testhosts"],
     "ansible-playbook bench.yml -l testhosts": ["tests/playbooks/test_testhosts_suite.py::two_host_run"],
     "python -m collector pull -l testhosts [<id>]": [
         "tests/playbooks/test_testhosts_suite.py::test_collector_pull_fetches_a_run"],

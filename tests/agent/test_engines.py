@@ -10,7 +10,7 @@ SGLANG_BASE = [
     "/opt/specfleet/sglang/bin/python", "-m", "sglang.launch_server", "--model-path", "/models/Qwen3.6-27B",
     "--served-model-name", "Qwen3.6-27B", "--host", "127.0.0.1", "--port", "{port}", "--tp-size", "1",
     "--mem-fraction-static", "0.80", "--context-length", "131072", "--attention-backend", "flashinfer",
-    "--disable-radix-cache", "--trust-remote-code",
+    "--disable-radix-cache", "--trust-remote-code", "--enable-metrics",
 ]
 
 

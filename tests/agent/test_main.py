@@ -322,11 +322,12 @@ def test_progress_prints_one_json_object(tmp_path: Path) -> None:
 
 
 # -- schemas ------------------------------------------------------------------------------------------
-def test_schemas_writes_the_three_schema_files(tmp_path: Path) -> None:
+def test_schemas_writes_a_schema_file_per_record(tmp_path: Path) -> None:
     out = tmp_path / "deep" / "schemas"
     res = agent("schemas", "--out", str(out), timeout=60)
     assert res.returncode == 0, res.stderr
-    names = {"requests.jsonl.schema.json", "status.json.schema.json", "config.json.schema.json"}
+    names = {"requests.jsonl.schema.json", "status.json.schema.json", "config.json.schema.json",
+             "gpu.jsonl.schema.json"}
     assert set(os.listdir(out)) == names
     for name in names:
         schema = json.loads((out / name).read_text())

@@ -31,7 +31,7 @@ p.add_argument("--mem-fraction-static", type=float)
 p.add_argument("--disable-overlap-schedule", action="store_true")
 for flag in ("--served-model-name", "--host", "--port", "--context-length", "--attention-backend", "--page-size"):
     p.add_argument(flag)
-for flag in ("--disable-radix-cache", "--trust-remote-code"):
+for flag in ("--disable-radix-cache", "--trust-remote-code", "--enable-metrics"):
     p.add_argument(flag, action="store_true")
 p.parse_args()
 '''

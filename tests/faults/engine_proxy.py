@@ -3,14 +3,16 @@
 `<engine python> engine_proxy.py -m vllm.entrypoints.openai.api_server ... --port P` starts the real
 engine on a free port and serves P itself, forwarding every request, except that completions
 requests chosen by SPECFLEET_FAULTS (e.g. `http_error=3,malformed=4`: every 3rd gets an HTTP 500,
-every 4th has a stream chunk cut in half; the first, the warmup, is always passed through) are
-answered wrongly. Without SPECFLEET_FAULTS, or for any other invocation (`--help`, `-c ...`), it
+every 4th has a stream chunk cut in half; `alter_usage=2`: every 2nd reports one completion token more in its
+usage than the engine produced; the first, the warmup, is always passed through) are answered wrongly.
+Without SPECFLEET_FAULTS, or for any other invocation (`--help`, `-c ...`), it
 is the real Python. Both processes share the agent's process group, so stopping one stops both.
 """
 from __future__ import annotations
 
 import http.client
 import itertools
+import json
 import os
 import socket
 import subprocess
@@ -69,6 +71,11 @@ def main(argv: list[str]) -> None:
                     data_lines += 1
                     if data_lines == 2:
                         line = line[: len(line) // 2] + b"\n"
+                if fault == "alter_usage" and line.startswith(b"data: {") and b'"usage"' in line:
+                    obj = json.loads(line[6:])
+                    if isinstance(obj.get("usage"), dict) and obj["usage"].get("completion_tokens") is not None:
+                        obj["usage"]["completion_tokens"] += 1
+                        line = b"data: " + json.dumps(obj).encode() + b"\n"
                 self.wfile.write(line)
                 self.wfile.flush()
             conn.close()
@@ -93,6 +100,9 @@ def main(argv: list[str]) -> None:
                 if n > 1 and "malformed" in rules and n % rules["malformed"] == 0:
                     fault = "malformed"
                     self.log_message("request %d: injected malformed chunk", n)
+                elif n > 1 and "alter_usage" in rules and n % rules["alter_usage"] == 0:
+                    fault = "alter_usage"
+                    self.log_message("request %d: usage altered by one token", n)
             self._forward("POST", fault)
 
     server = ThreadingHTTPServer(("127.0.0.1", port), Proxy)

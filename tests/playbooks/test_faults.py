@@ -87,6 +87,8 @@ def test_http_errors_frozen_server_gpu_held_and_startup_exit_in_one_suite(bench:
         {"method": "ngram", "num_speculative_tokens": 4, "id": "gpu-held"},
         {"method": "ngram", "num_speculative_tokens": 5, "id": "startup-exit"},
         {"method": "ngram", "num_speculative_tokens": 6, "id": "after"},
+        {"method": "ngram", "num_speculative_tokens": 2, "id": "counted-wrong",
+         "env": {"SPECFLEET_FAULTS": "alter_usage=2"}},
     ], workloads=["fib", "json"], max_tokens=[32], context_tokens=[0], concurrency=[1, 2])
     extra = {**matrix, "run_id": run, "bench_repetitions": 3, "bench_engine_python": str(proxy_python),
              "bench_timeouts": {"health_s": 400, "request_s": 12, "stop_s": 30, "release_s": 5}}
@@ -163,6 +165,26 @@ def test_http_errors_frozen_server_gpu_held_and_startup_exit_in_one_suite(bench:
     assert detected < 2.0, detected
 
     assert st["tp1-after"]["status"] == "ok"  # the suite went on after four faults
+
+    # the server's counters: where nothing came between client and server they agree exactly
+    for cid in ("tp1-autoregressive", "tp1-after"):
+        counted = st[cid]["counters"]
+        assert counted["verdict"] == "ok", counted
+        assert counted["generation_tokens"]["server"] == counted["generation_tokens"]["rows"] == 18 * 32
+        assert counted["requests"] == {"server": 18, "rows": 18, "ok": True}
+    assert st["tp1-after"]["counters"]["accept_length"]["ok"] is True
+    # a proxy that adds one token to some usages, and one that answers HTTP 500 in the server's place: suspect
+    wrong = st["tp1-counted-wrong"]
+    assert wrong["status"] == "ok" and wrong["counters"]["verdict"] == "suspect", wrong["counters"]
+    rows_tokens = sum(r["completion_tokens"] for r in rows_of(host, "tp1-counted-wrong"))
+    assert wrong["counters"]["generation_tokens"] == {"server": 18 * 32, "rows": rows_tokens, "ok": False}
+    assert rows_tokens > 18 * 32
+    assert st["tp1-http-faults"]["counters"]["verdict"] == "suspect"
+    assert st["tp1-http-faults"]["counters"]["requests"]["rows"] == 18
+    md = (bench.results / run / "report.md").read_text()
+    assert f"tp1-counted-wrong [suspect]: counters: generation_tokens: server {18 * 32} vs rows {rows_tokens}" in md
+    table = (bench.results / run / "report.csv").read_text()
+    assert table.count("suspect") >= 2 * 4  # every cell row of both suspect configs is flagged
     no_partial_files(bench.host_dir)
     no_engine_left(marker)
 

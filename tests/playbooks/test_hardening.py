@@ -91,6 +91,15 @@ def test_log_flood_is_bounded_and_an_escaped_process_is_killed(bench: Bench) -> 
     assert "[1/2] tp1-autoregressive  already ok in this run, kept" in strict.stdout
     assert "1 ok, 1 failed, 0 skipped (unsupported_flag 1)  <- fails the run (bench_fail_on: any)" in strict.stdout
 
+    # -e skip_unsupported=true: the config the engine cannot run is recorded skipped, with its flag and version
+    skipped = bench.run({**extra, "skip_unsupported": "true"}, timeout=600)
+    assert skipped.returncode == 0, skipped.stdout[-3000:]
+    assert "1 ok, 0 failed, 1 skipped (unsupported_flag 1)" in skipped.stdout
+    ngram = json.loads((bench.host_run(run) / "tp1-ngram-k2/status.json").read_text())
+    assert (ngram["status"], ngram["reason"], ngram["unsupported_flags"]) == ("skipped", "unsupported_flag",
+                                                                             ["--no-such-flag"])
+    assert ngram["detail"] == "--no-such-flag not known to vllm 0.32.0 (skip_unsupported)" and ngram["ready_s"] is None
+
 
 def _marked_by(proc: Path, run: str) -> bool:
     try:

@@ -120,6 +120,14 @@ def test_the_demo_results_follow_the_contract(demo: Demo) -> None:
             assert (r["accept_length"] is None) == (cid == "tp1-autoregressive")
             assert r["output_tok_s"] == pytest.approx(r["completion_tokens"] / r["e2e_s"])
         assert {(r["concurrency"], r["rep"]) for r in rows} == {(c, k) for c in (1, 4) for k in range(3)}
+        # the server's own counters agree with the rows: tokens and requests exactly, acceptance within 1%
+        counted = status["counters"]
+        assert counted["verdict"] == "ok", counted
+        assert counted["generation_tokens"] == {"server": 120 * 256, "rows": 120 * 256, "ok": True}
+        assert counted["requests"] == {"server": 120, "rows": 120, "ok": True}
+        assert ("accept_length" in counted) == (cid != "tp1-autoregressive")
+        assert isinstance(status["order_seed"], int) and status["host_load"]["engine_cpu_s"] > 0
+        assert [(r["sent_s"] >= 0, r["done_s"] > r["sent_s"]) for r in rows] == [(True, True)] * len(rows)
 
 
 def test_the_demo_records_validate_against_the_published_schemas(demo: Demo) -> None:

@@ -1,0 +1,98 @@
+"""The server's own counters around the timed requests, checked against the request rows.
+
+Read right after the warmup and right after the last timed request (Prometheus text on the engine's metrics
+path); the difference is what the server says the timed requests were. Three checks:
+- generation tokens: the rows' `completion_tokens` (each from the server's usage) sum to the counter's delta exactly;
+- requests: as many finished requests as rows;
+- acceptance length (speculative configs, where the engine counts drafts): 1 + accepted / drafts over the window
+  against the rows' 1 + Σ accepted / Σ verify steps. Each request is weighted by its verify steps because that is
+  how the counter aggregates (one draft per verify step); a plain mean of the per-request means would weight a
+  short request like a long one and differ from the server's figure by design. Must agree within 1%.
+A disagreement makes the config `suspect`: its figures are kept and every report shows the two numbers.
+"""
+from __future__ import annotations
+
+import http.client
+import math
+import re
+from typing import Any, Dict, List, Mapping, Optional
+
+from .engines import Engine
+
+SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+ACCEPT_TOLERANCE = 0.01
+
+
+def parse(text: str, names: Mapping[str, str]) -> Dict[str, float]:
+    """{key: value summed over every label set} for the metric names asked (Prometheus text format)."""
+    wanted = {v: k for k, v in names.items()}
+    out: Dict[str, float] = {}
+    for line in text.splitlines():
+        m = SAMPLE.match(line)
+        if not m or m.group(1) not in wanted:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        if math.isfinite(value):
+            key = wanted[m.group(1)]
+            out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def read(engine: Engine, port: int, host: str = "127.0.0.1", headers: Optional[Dict[str, str]] = None,
+         timeout: float = 30.0) -> Optional[Dict[str, float]]:
+    """The engine's counters now; None when it serves none (no metrics path, or metrics not enabled)."""
+    if not engine.metrics_path or not engine.counters:
+        return None
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request("GET", engine.metrics_path, headers=headers or {})
+        resp = conn.getresponse()
+        body = resp.read().decode("utf-8", errors="replace")
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+    if resp.status != 200:
+        return None
+    found = parse(body, engine.counters)
+    return found if "generation_tokens" in found else None
+
+
+def _delta(before: Mapping[str, float], after: Mapping[str, float], key: str) -> Optional[float]:
+    return after[key] - before[key] if key in before and key in after else None
+
+
+def check(before: Optional[Mapping[str, float]], after: Optional[Mapping[str, float]],
+          rows: List[Mapping[str, Any]], speculative: bool) -> Dict[str, Any]:
+    """The status.json `counters` field: each check with the server's and the rows' figure, and the verdict
+    (`ok`, `suspect`, or `unchecked` with why)."""
+    if before is None or after is None:
+        return {"verdict": "unchecked", "why": "the server exposes no counters (engine metrics off or absent)"}
+    checks: Dict[str, Dict[str, Any]] = {}
+    gen = _delta(before, after, "generation_tokens")
+    tokens = sum(int(r.get("completion_tokens") or 0) for r in rows)
+    if gen is not None:
+        checks["generation_tokens"] = {"server": int(round(gen)), "rows": tokens, "ok": int(round(gen)) == tokens}
+    done = _delta(before, after, "requests")
+    if done is not None:
+        checks["requests"] = {"server": int(round(done)), "rows": len(rows), "ok": int(round(done)) == len(rows)}
+    drafts, accepted = _delta(before, after, "drafts"), _delta(before, after, "accepted_tokens")
+    steps = [r.get("spec_steps") for r in rows if r.get("ok")]
+    if speculative and drafts and accepted is not None and steps and all(isinstance(s, int) for s in steps):
+        total_steps = sum(steps)  # type: ignore[arg-type]
+        rows_acc = sum(int(r.get("spec_accepted_tokens") or 0) for r in rows if r.get("ok"))
+        server = 1 + accepted / drafts
+        mine = 1 + rows_acc / total_steps if total_steps else None
+        checks["accept_length"] = {
+            "server": round(server, 4), "rows": None if mine is None else round(mine, 4),
+            "ok": mine is not None and abs(mine - server) <= ACCEPT_TOLERANCE * server,
+            "weighting": "verify steps (1 + Σ accepted / Σ steps)"}
+    verdict = "ok" if checks and all(c["ok"] for c in checks.values()) else "suspect"
+    out: Dict[str, Any] = {"verdict": verdict, **checks}
+    if verdict == "suspect":
+        out["why"] = "; ".join(f"{k}: server {c['server']} vs rows {c['rows']}" for k, c in checks.items()
+                               if not c["ok"]) or "no counter could be compared"
+    return out
