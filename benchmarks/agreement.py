@@ -33,7 +33,8 @@ Definitions (tokens are the server's `usage.completion_tokens` for both; nothing
 
 Usage (after `make engine models`; the machine should be otherwise idle, it takes about a minute per 60 pairs):
   .venv/bin/python benchmarks/agreement.py [--pairs 400] [--concurrency 1 4] [--max-tokens 256] [--budget-s S]
-                                            [--out rows.jsonl]
+                                            [--gap-s 0.25] [--out rows.jsonl]
+  .venv/bin/python benchmarks/agreement.py --report rows.jsonl [more.jsonl ...]   # the table from saved rows
 """
 from __future__ import annotations
 
@@ -190,10 +191,11 @@ class VllmClient:
 
 
 # -- the run ------------------------------------------------------------------------------------------------
-def pairs_at(n: int, pairs: int, budget_s: float, max_tokens: int, ep: Endpoint, cfg: Dict[str, Any],
+def pairs_at(n: int, pairs: int, budget_s: float, gap_s: float, max_tokens: int, ep: Endpoint, cfg: Dict[str, Any],
              vllm: VllmClient, rows_out: Optional[Any]) -> List[Tuple[Unit, Unit]]:
-    """`pairs` alternating units of both clients at concurrency `n`, the prompts in turn; fewer when `budget_s`
-    seconds have passed (always an even number, so each client went first equally often)."""
+    """`pairs` alternating units of both clients at concurrency `n`, the prompts in turn, `gap_s` of quiet before
+    each unit; fewer when `budget_s` seconds have passed (always an even number, so each client went first
+    equally often)."""
     names = workloads.known()
     out: List[Tuple[Unit, Unit]] = []
     t0 = time.monotonic()
@@ -205,26 +207,31 @@ def pairs_at(n: int, pairs: int, budget_s: float, max_tokens: int, ep: Endpoint,
 
         tag = f"c{n}-{i}"
         if i % 2 == 0:
+            time.sleep(gap_s)
             a = specfleet_unit(ep, cfg, prompt, max_tokens, n, f"agree-{tag}")
+            time.sleep(gap_s)
             b = vllm.unit(ep.port, cfg["model"]["name"], prompt, max_tokens, n, cfg["sampling"], f"vllm-{tag}")
         else:
+            time.sleep(gap_s)
             b = vllm.unit(ep.port, cfg["model"]["name"], prompt, max_tokens, n, cfg["sampling"], f"vllm-{tag}")
+            time.sleep(gap_s)
             a = specfleet_unit(ep, cfg, prompt, max_tokens, n, f"agree-{tag}")
         for u in (a, b):
             if any(t != max_tokens for t in u.tokens):
                 raise RuntimeError(f"the server reported {u.tokens} completion tokens, not {max_tokens} each")
         out.append((a, b))
         if rows_out is not None:
-            rows_out.write(json.dumps({"concurrency": n, "pair": i, "workload": name, "first": "specfleet"
-                                       if i % 2 == 0 else "vllm", "specfleet": a.__dict__, "vllm": b.__dict__}) + "\n")
+            rows_out.write(json.dumps({"concurrency": n, "max_tokens": max_tokens, "gap_s": gap_s, "pair": i,
+                                       "workload": name, "first": "specfleet" if i % 2 == 0 else "vllm",
+                                       "specfleet": a.__dict__, "vllm": b.__dict__}) + "\n")
+            rows_out.flush()
         if (i + 1) % 50 == 0:
             print(f"  concurrency {n}: {i + 1}/{pairs} pairs, {time.monotonic() - t0:.0f} s", file=sys.stderr)
     return out
 
 
-def report(n: int, max_tokens: int, got: List[Tuple[Unit, Unit]]) -> None:
-    print(f"\nconcurrency {n}: {len(got)} pairs ({len(got) * n} requests per client), max_tokens {max_tokens}, "
-          f"ignore_eos, temperature 0")
+def report(n: int, setting: str, got: List[Tuple[Unit, Unit]]) -> None:
+    print(f"\nconcurrency {n}: {len(got)} pairs ({len(got) * n} requests per client), {setting}")
     print(f"  {'figure':26} {'specfleet':>10} {'vLLM':>10} {'ratio':>7}  {'95% interval':17} |ratio-1| < 2%")
     for key, label in FIGURES:
         a = [getattr(x, key) for x, _ in got]
@@ -234,7 +241,19 @@ def report(n: int, max_tokens: int, got: List[Tuple[Unit, Unit]]) -> None:
         print(f"  {label:26} {sum(a) / len(a):10.2f} {sum(b) / len(b):10.2f} "
               f"{ratio if ratio is not None else float('nan'):7.4f}  {interval:17} {verdict(lo, hi)}")
     slow = [sum(u.ttft_ms > 40 for u in side) / len(got) for side in zip(*got)]
-    print(f"  units with mean TTFT > 40 ms: specfleet {100 * slow[0]:.0f}%, vLLM {100 * slow[1]:.0f}%")
+    median = [sorted(u.ttft_ms for u in side)[len(got) // 2] for side in zip(*got)]
+    print(f"  TTFT of a unit above 40 ms: specfleet {100 * slow[0]:.0f}%, vLLM {100 * slow[1]:.0f}% of units; "
+          f"median unit TTFT {median[0]:.1f} and {median[1]:.1f} ms")
+
+
+def report_rows(paths: Sequence[Path]) -> None:
+    """The table again from rows written with --out, pooled over runs (pairs stay within their run)."""
+    rows = [json.loads(line) for path in paths for line in path.read_text().splitlines() if line.strip()]
+    for n in sorted({r["concurrency"] for r in rows}):
+        mine = [r for r in rows if r["concurrency"] == n]
+        settings = sorted({f"max_tokens {r['max_tokens']}, {r['gap_s']:g} s before each unit" for r in mine})
+        report(n, f"{len(paths)} run(s): {'; '.join(settings)}",
+               [(Unit(**r["specfleet"]), Unit(**r["vllm"])) for r in mine])
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -242,10 +261,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--pairs", type=int, default=400, help="alternating pairs of units per concurrency")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
     p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--gap-s", type=float, default=0.25, help="quiet before each unit (see the docstring)")
     p.add_argument("--budget-s", type=float, default=float("inf"), help="stop a concurrency's pairs after this")
     p.add_argument("--out", type=Path, help="also write every pair's figures here (JSON lines)")
+    p.add_argument("--report", type=Path, nargs="+", help="no run: the table from these --out files, pooled")
     p.add_argument("--work", type=Path, default=ROOT / ".work/agreement", help="server log and caches")
     args = p.parse_args(argv)
+    if args.report:
+        report_rows(args.report)
+        return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # leave through the server's stop
     become_subreaper()
     server, hv = demo_server(args.work)
@@ -263,8 +287,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             for n in args.concurrency:  # warm both clients and the server at this concurrency, untimed
                 specfleet_unit(ep, cfg, workloads.PROMPTS["fib"], 16, n, f"warm-c{n}")
                 vllm.unit(ep.port, cfg["model"]["name"], workloads.PROMPTS["fib"], 16, n, sampling, f"vwarm-c{n}")
-                got = pairs_at(n, args.pairs, args.budget_s, args.max_tokens, ep, cfg, vllm, rows_out)
-                report(n, args.max_tokens, got)
+                got = pairs_at(n, args.pairs, args.budget_s, args.gap_s, args.max_tokens, ep, cfg, vllm, rows_out)
+                report(n, f"max_tokens {args.max_tokens}, ignore_eos, temperature 0, {args.gap_s:g} s before each "
+                          f"unit", got)
                 sys.stdout.flush()
     finally:
         vllm.close()
