@@ -32,6 +32,8 @@ class Measurement:
     finish_reason: str | None = None
     error: str | None = None
     itl_s: list[float] = field(default_factory=list)
+    gaps_s: list[float] = field(default_factory=list)      # between content chunks, whole
+    chunk_tokens: list[int] = field(default_factory=list)  # tokens each content chunk carried (after the first)
     _state: dict[str, Any] = field(default_factory=dict)
     _t_prev: float | None = None
 
@@ -59,6 +61,8 @@ class Measurement:
             elif self._t_prev is not None and info.tokens:
                 # inter-token latency: the chunk's gap spread over the tokens it carried
                 self.itl_s.extend([(t - self._t_prev) / info.tokens] * info.tokens)
+                self.gaps_s.append(t - self._t_prev)
+                self.chunk_tokens.append(info.tokens)
             self._t_prev = t
         for name in ("completion_tokens", "prompt_tokens", "accept_length", "spec_steps", "spec_accepted",
                      "finish_reason"):
@@ -84,6 +88,9 @@ class Measurement:
             "tpot_s": 1 / decode if decode else None,
             "itl_mean_s": sum(itl) / len(itl) if itl else None,
             "itl_p50_s": itl[len(itl) // 2] if itl else None,
+            "chunk_gap_mean_s": sum(self.gaps_s) / len(self.gaps_s) if self.gaps_s else None,
+            "chunk_gap_p50_s": sorted(self.gaps_s)[len(self.gaps_s) // 2] if self.gaps_s else None,
+            "chunk_tokens_mean": sum(self.chunk_tokens) / len(self.chunk_tokens) if self.chunk_tokens else None,
             "chunks": self.chunks, "finish_reason": self.finish_reason,
             "accept_length": self.accept_length, "spec_steps": self.spec_steps,
             "spec_accepted_tokens": self.spec_accepted, "ok": ok, "error": err,

@@ -78,6 +78,11 @@ REQUEST = (
     _f("itl_mean_s", "number|null", "mean gap between content chunks spread over the tokens each carried (chunk "
        "arrival: shaped by how the server batches its stream; use tpot_s for speed)", required=False),
     _f("itl_p50_s", "number|null", "median of the same chunk gaps (see itl_mean_s)", required=False),
+    _f("chunk_gap_mean_s", "number|null", "mean time between content chunks, whole: with one chunk per engine "
+       "step (as vLLM and SGLang stream) the time between speculative steps", required=False),
+    _f("chunk_gap_p50_s", "number|null", "median of the same gaps", required=False),
+    _f("chunk_tokens_mean", "number|null", "tokens per content chunk after the first (the server's count): tokens "
+       "per step under the same condition", required=False),
     _f("chunks", "integer", "stream chunks received (not tokens)", required=False),
     _f("finish_reason", "string|null", "the server's finish reason", required=False),
     _f("accept_length", "number|null", "mean accepted tokens per verify step, null for the baseline",

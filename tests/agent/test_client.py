@@ -64,6 +64,9 @@ def test_vllm_multi_token_chunks_spread_inter_token_latency() -> None:
     assert res["chunks"] == 3
     assert res["itl_mean_s"] == pytest.approx(0.4 / 3)
     assert res["accept_length"] is None
+    # the gap between the two content chunks, whole (one step of 3 tokens), and time per output token
+    assert res["chunk_gap_mean_s"] == pytest.approx(0.4) and res["chunk_tokens_mean"] == 3
+    assert res["tpot_s"] == pytest.approx((1.0 - 0.5) / 3)
 
 
 def test_vllm_empty_chunks_before_content_do_not_set_ttft() -> None:
@@ -104,3 +107,6 @@ def test_sglang_generate_stream_counts_from_meta_info() -> None:
     assert res["ttft_s"] == 0.2 and res["output_tok_s"] == pytest.approx(18.0)
     assert res["accept_length"] == 3.0 and res["finish_reason"] == "length"
     assert res["itl_mean_s"] == pytest.approx((0.1 + 0.2) / 8)
+    # spec_verify_ct 3 for 9 tokens: 3 steps, 6 accepted drafts (accept_length = 9 / 3, the bonus included)
+    assert (res["spec_steps"], res["spec_accepted_tokens"]) == (3, 6)
+    assert res["chunk_gap_mean_s"] == pytest.approx(0.15) and res["chunk_tokens_mean"] == 4
