@@ -6,6 +6,10 @@ clients on the suite's prompts (agent.workloads, in turn), with the same max_tok
 temperature 0, at each concurrency. The clients alternate unit by unit (a unit is one burst of `concurrency`
 requests released together, as agent.measure sends them): specfleet then vLLM, then vLLM then specfleet, and so
 on, both on the same prompt within a pair, so drift and load from other programs fall on both alike.
+Before each pair an untimed burst of `concurrency` 1-token requests sends the pair's prompt: without it, the
+unit that went first in a pair (the first to send a new prompt) had the higher TTFT, whichever client it was
+(at concurrency 1 specfleet/vLLM TTFT was 1.44 when specfleet went first and 0.70 when vLLM did; 2.6 and 0.33
+at concurrency 4), which the alternation cancels on average but which widened the interval.
 
 vLLM's side calls the request function `vllm bench serve --backend vllm` uses
 (vllm.benchmarks.lib.endpoint_request_func) from a small driver run by the engine's Python
@@ -33,7 +37,7 @@ Definitions (tokens are the server's `usage.completion_tokens` for both; nothing
 
 Usage (after `make engine models`; the machine should be otherwise idle, it takes about a minute per 60 pairs):
   .venv/bin/python benchmarks/agreement.py [--pairs 400] [--concurrency 1 4] [--max-tokens 256] [--budget-s S]
-                                            [--gap-s 0.25] [--out rows.jsonl]
+                                            [--gap-s 0] [--no-prime] [--out rows.jsonl]
   .venv/bin/python benchmarks/agreement.py --report rows.jsonl [more.jsonl ...]   # the table from saved rows
 """
 from __future__ import annotations
@@ -191,8 +195,8 @@ class VllmClient:
 
 
 # -- the run ------------------------------------------------------------------------------------------------
-def pairs_at(n: int, pairs: int, budget_s: float, gap_s: float, max_tokens: int, ep: Endpoint, cfg: Dict[str, Any],
-             vllm: VllmClient, rows_out: Optional[Any]) -> List[Tuple[Unit, Unit]]:
+def pairs_at(n: int, pairs: int, budget_s: float, gap_s: float, prime: bool, max_tokens: int, ep: Endpoint,
+             cfg: Dict[str, Any], vllm: VllmClient, rows_out: Optional[Any]) -> List[Tuple[Unit, Unit]]:
     """`pairs` alternating units of both clients at concurrency `n`, the prompts in turn, `gap_s` of quiet before
     each unit; fewer when `budget_s` seconds have passed (always an even number, so each client went first
     equally often)."""
@@ -206,6 +210,8 @@ def pairs_at(n: int, pairs: int, budget_s: float, gap_s: float, max_tokens: int,
         prompt = workloads.PROMPTS[name]
 
         tag = f"c{n}-{i}"
+        if prime:  # untimed: the pair's prompt once at this concurrency, 1 token each, so neither unit is its first
+            specfleet_unit(ep, cfg, prompt, 1, n, f"prime-{tag}")
         if i % 2 == 0:
             time.sleep(gap_s)
             a = specfleet_unit(ep, cfg, prompt, max_tokens, n, f"agree-{tag}")
@@ -221,8 +227,8 @@ def pairs_at(n: int, pairs: int, budget_s: float, gap_s: float, max_tokens: int,
                 raise RuntimeError(f"the server reported {u.tokens} completion tokens, not {max_tokens} each")
         out.append((a, b))
         if rows_out is not None:
-            rows_out.write(json.dumps({"concurrency": n, "max_tokens": max_tokens, "gap_s": gap_s, "pair": i,
-                                       "workload": name, "first": "specfleet" if i % 2 == 0 else "vllm",
+            rows_out.write(json.dumps({"concurrency": n, "max_tokens": max_tokens, "gap_s": gap_s, "prime": prime,
+                                       "pair": i, "workload": name, "first": "specfleet" if i % 2 == 0 else "vllm",
                                        "specfleet": a.__dict__, "vllm": b.__dict__}) + "\n")
             rows_out.flush()
         if (i + 1) % 50 == 0:
@@ -251,7 +257,8 @@ def report_rows(paths: Sequence[Path]) -> None:
     rows = [json.loads(line) for path in paths for line in path.read_text().splitlines() if line.strip()]
     for n in sorted({r["concurrency"] for r in rows}):
         mine = [r for r in rows if r["concurrency"] == n]
-        settings = sorted({f"max_tokens {r['max_tokens']}, {r['gap_s']:g} s before each unit" for r in mine})
+        settings = sorted({f"max_tokens {r['max_tokens']}, {r['gap_s']:g} s before each unit, "
+                           f"{'a' if r['prime'] else 'no'} priming request before each pair" for r in mine})
         report(n, f"{len(paths)} run(s): {'; '.join(settings)}",
                [(Unit(**r["specfleet"]), Unit(**r["vllm"])) for r in mine])
 
@@ -261,7 +268,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--pairs", type=int, default=400, help="alternating pairs of units per concurrency")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
     p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--gap-s", type=float, default=0.25, help="quiet before each unit (see the docstring)")
+    p.add_argument("--gap-s", type=float, default=0.0, help="quiet before each unit")
+    p.add_argument("--no-prime", dest="prime", action="store_false", help="no untimed request before each pair")
     p.add_argument("--budget-s", type=float, default=float("inf"), help="stop a concurrency's pairs after this")
     p.add_argument("--out", type=Path, help="also write every pair's figures here (JSON lines)")
     p.add_argument("--report", type=Path, nargs="+", help="no run: the table from these --out files, pooled")
@@ -287,9 +295,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             for n in args.concurrency:  # warm both clients and the server at this concurrency, untimed
                 specfleet_unit(ep, cfg, workloads.PROMPTS["fib"], 16, n, f"warm-c{n}")
                 vllm.unit(ep.port, cfg["model"]["name"], workloads.PROMPTS["fib"], 16, n, sampling, f"vwarm-c{n}")
-                got = pairs_at(n, args.pairs, args.budget_s, args.gap_s, args.max_tokens, ep, cfg, vllm, rows_out)
+                got = pairs_at(n, args.pairs, args.budget_s, args.gap_s, args.prime, args.max_tokens, ep, cfg, vllm,
+                               rows_out)
                 report(n, f"max_tokens {args.max_tokens}, ignore_eos, temperature 0, {args.gap_s:g} s before each "
-                          f"unit", got)
+                          f"unit, {'a' if args.prime else 'no'} priming request before each pair", got)
                 sys.stdout.flush()
     finally:
         vllm.close()
