@@ -6,10 +6,10 @@ clients on the suite's prompts (agent.workloads, in turn), with the same max_tok
 temperature 0, at each concurrency. The clients alternate unit by unit (a unit is one burst of `concurrency`
 requests released together, as agent.measure sends them): specfleet then vLLM, then vLLM then specfleet, and so
 on, both on the same prompt within a pair, so drift and load from other programs fall on both alike.
-Before each pair an untimed burst of `concurrency` 1-token requests sends the pair's prompt: without it, the
-unit that went first in a pair (the first to send a new prompt) had the higher TTFT, whichever client it was
-(at concurrency 1 specfleet/vLLM TTFT was 1.44 when specfleet went first and 0.70 when vLLM did; 2.6 and 0.33
-at concurrency 4), which the alternation cancels on average but which widened the interval.
+Alternation matters on this machine: the unit that directly follows another unit of the same client (the first
+of each pair in this order) had the higher TTFT, whichever client it was (at concurrency 1, specfleet/vLLM TTFT
+was 1.4 when specfleet went first and 0.7-0.9 when vLLM did); an untimed specfleet request before every pair
+made specfleet's TTFT 1.21 [1.03, 1.41] of vLLM's over 256 pairs. Equal turns cancel the effect on average.
 
 vLLM's side calls the request function `vllm bench serve --backend vllm` uses
 (vllm.benchmarks.lib.endpoint_request_func) from a small driver run by the engine's Python
@@ -28,16 +28,19 @@ Definitions (tokens are the server's `usage.completion_tokens` for both; nothing
               last chunk with `choices`, one or two chunks earlier: vLLM's figure is slightly higher.
               specfleet reports this figure; `vllm bench serve` does not print it (it prints TPOT).
   unit output tok/s  the unit's tokens / its wall time, as `vllm bench serve` computes "Output token
-              throughput" for a run (total output tokens / benchmark duration). specfleet: first send to last
-              finish, threads included (agent.measure.burst); vLLM: before the asyncio tasks are created to after
-              the last returned. At concurrency 1 it differs from per request tok/s by the client's own overhead.
+              throughput" for a run (total output tokens / benchmark duration). specfleet: from starting the
+              unit's threads to joining them (agent.measure.burst); vLLM: before the asyncio tasks are created to
+              after the last returned. At concurrency 1 it differs from per request tok/s by the client's own
+              overhead. `vllm bench serve --max-concurrency 4` keeps 4 requests in flight over a whole run rather
+              than releasing bursts, so its run figure also lacks each burst's tail, where fewer than 4 run.
   Each figure is averaged over the units; the ratio is specfleet / vLLM of those means, with a 95% interval
   over the paired units (delta method on the log ratio, paired: t with n-1 degrees of freedom). "agree" means
   the interval lies inside 0.98-1.02, "differ" that it lies outside, "unresolved" that it is wider.
 
-Usage (after `make engine models`; the machine should be otherwise idle, it takes about a minute per 60 pairs):
+Usage (after `make engine models`, on an otherwise idle machine; on 2 busy cores a pair took ~1.5 s at
+concurrency 1 and ~2.5 s at concurrency 4, and the server ~30-90 s to start):
   .venv/bin/python benchmarks/agreement.py [--pairs 400] [--concurrency 1 4] [--max-tokens 256] [--budget-s S]
-                                            [--gap-s 0] [--no-prime] [--out rows.jsonl]
+                                            [--gap-s 0] [--out rows.jsonl]
   .venv/bin/python benchmarks/agreement.py --report rows.jsonl [more.jsonl ...]   # the table from saved rows
 """
 from __future__ import annotations
@@ -195,8 +198,8 @@ class VllmClient:
 
 
 # -- the run ------------------------------------------------------------------------------------------------
-def pairs_at(n: int, pairs: int, budget_s: float, gap_s: float, prime: bool, max_tokens: int, ep: Endpoint,
-             cfg: Dict[str, Any], vllm: VllmClient, rows_out: Optional[Any]) -> List[Tuple[Unit, Unit]]:
+def pairs_at(n: int, pairs: int, budget_s: float, gap_s: float, max_tokens: int, ep: Endpoint, cfg: Dict[str, Any],
+             vllm: VllmClient, rows_out: Optional[Any]) -> List[Tuple[Unit, Unit]]:
     """`pairs` alternating units of both clients at concurrency `n`, the prompts in turn, `gap_s` of quiet before
     each unit; fewer when `budget_s` seconds have passed (always an even number, so each client went first
     equally often)."""
@@ -208,10 +211,7 @@ def pairs_at(n: int, pairs: int, budget_s: float, gap_s: float, prime: bool, max
             break
         name = names[i % len(names)]
         prompt = workloads.PROMPTS[name]
-
         tag = f"c{n}-{i}"
-        if prime:  # untimed: the pair's prompt once at this concurrency, 1 token each, so neither unit is its first
-            specfleet_unit(ep, cfg, prompt, 1, n, f"prime-{tag}")
         if i % 2 == 0:
             time.sleep(gap_s)
             a = specfleet_unit(ep, cfg, prompt, max_tokens, n, f"agree-{tag}")
@@ -227,8 +227,8 @@ def pairs_at(n: int, pairs: int, budget_s: float, gap_s: float, prime: bool, max
                 raise RuntimeError(f"the server reported {u.tokens} completion tokens, not {max_tokens} each")
         out.append((a, b))
         if rows_out is not None:
-            rows_out.write(json.dumps({"concurrency": n, "max_tokens": max_tokens, "gap_s": gap_s, "prime": prime,
-                                       "pair": i, "workload": name, "first": "specfleet" if i % 2 == 0 else "vllm",
+            rows_out.write(json.dumps({"concurrency": n, "max_tokens": max_tokens, "gap_s": gap_s, "pair": i,
+                                       "workload": name, "first": "specfleet" if i % 2 == 0 else "vllm",
                                        "specfleet": a.__dict__, "vllm": b.__dict__}) + "\n")
             rows_out.flush()
         if (i + 1) % 50 == 0:
@@ -254,12 +254,12 @@ def report(n: int, setting: str, got: List[Tuple[Unit, Unit]]) -> None:
 
 def report_rows(paths: Sequence[Path]) -> None:
     """The table again from rows written with --out, pooled over runs (pairs stay within their run)."""
-    rows = [json.loads(line) for path in paths for line in path.read_text().splitlines() if line.strip()]
+    rows = [{**json.loads(line), "run": str(path)} for path in paths for line in path.read_text().splitlines()
+            if line.strip()]
     for n in sorted({r["concurrency"] for r in rows}):
         mine = [r for r in rows if r["concurrency"] == n]
-        settings = sorted({f"max_tokens {r['max_tokens']}, {r['gap_s']:g} s before each unit, "
-                           f"{'a' if r['prime'] else 'no'} priming request before each pair" for r in mine})
-        report(n, f"{len(paths)} run(s): {'; '.join(settings)}",
+        settings = sorted({f"max_tokens {r['max_tokens']}, {r['gap_s']:g} s before each unit" for r in mine})
+        report(n, f"{len({r['run'] for r in mine})} run(s): {'; '.join(settings)}",
                [(Unit(**r["specfleet"]), Unit(**r["vllm"])) for r in mine])
 
 
@@ -269,7 +269,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--gap-s", type=float, default=0.0, help="quiet before each unit")
-    p.add_argument("--no-prime", dest="prime", action="store_false", help="no untimed request before each pair")
     p.add_argument("--budget-s", type=float, default=float("inf"), help="stop a concurrency's pairs after this")
     p.add_argument("--out", type=Path, help="also write every pair's figures here (JSON lines)")
     p.add_argument("--report", type=Path, nargs="+", help="no run: the table from these --out files, pooled")
@@ -295,10 +294,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             for n in args.concurrency:  # warm both clients and the server at this concurrency, untimed
                 specfleet_unit(ep, cfg, workloads.PROMPTS["fib"], 16, n, f"warm-c{n}")
                 vllm.unit(ep.port, cfg["model"]["name"], workloads.PROMPTS["fib"], 16, n, sampling, f"vwarm-c{n}")
-                got = pairs_at(n, args.pairs, args.budget_s, args.gap_s, args.prime, args.max_tokens, ep, cfg, vllm,
-                               rows_out)
+                got = pairs_at(n, args.pairs, args.budget_s, args.gap_s, args.max_tokens, ep, cfg, vllm, rows_out)
                 report(n, f"max_tokens {args.max_tokens}, ignore_eos, temperature 0, {args.gap_s:g} s before each "
-                          f"unit, {'a' if args.prime else 'no'} priming request before each pair", got)
+                          f"unit", got)
                 sys.stdout.flush()
     finally:
         vllm.close()
