@@ -7,9 +7,10 @@ temperature 0, at each concurrency. The clients alternate unit by unit (a unit i
 requests released together, as agent.measure sends them): specfleet then vLLM, then vLLM then specfleet, and so
 on, both on the same prompt within a pair, so drift and load from other programs fall on both alike.
 Alternation matters on this machine: the unit that directly follows another unit of the same client (the first
-of each pair in this order) had the higher TTFT, whichever client it was (at concurrency 1, specfleet/vLLM TTFT
-was 1.4 when specfleet went first and 0.7-0.9 when vLLM did); an untimed specfleet request before every pair
-made specfleet's TTFT 1.21 [1.03, 1.41] of vLLM's over 256 pairs. Equal turns cancel the effect on average.
+of each pair in this order) tended to have the higher TTFT, whichever client it was: specfleet/vLLM TTFT was 1.44
+over the pairs specfleet began and 0.70 over those vLLM began (concurrency 1, 370 pairs), 2.6 and 0.33 at
+concurrency 4 (0.25 s pauses, 124 pairs); an untimed specfleet request before every pair made specfleet's TTFT
+1.21 [1.03, 1.41] of vLLM's (256 pairs). Equal turns cancel the effect on average; it widens the interval.
 
 vLLM's side calls the request function `vllm bench serve --backend vllm` uses
 (vllm.benchmarks.lib.endpoint_request_func) from a small driver run by the engine's Python
