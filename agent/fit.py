@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, List, Mapping, Optional, Sequence
 
-from .store import read_json
+from . import probe
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float8_e4m3fn": 1,
                "float8_e5m2": 1, "fp8": 1, "int8": 1}
@@ -59,15 +58,6 @@ class Shape:
     def kv_bytes_per_token(self, tp: int) -> int:
         """KV cache bytes one token takes on one GPU at this TP."""
         return 2 * self.attention_layers * self.kv_heads_per_gpu(tp) * self.head_dim * self.dtype_bytes
-
-
-def weights_bytes(folder: Path) -> Optional[int]:
-    """Bytes of a model folder's weights (safetensors, else PyTorch files); None when it has none."""
-    for pattern in ("*.safetensors", "*.bin", "*.pt"):
-        files = [p for p in folder.glob(pattern) if p.is_file()]
-        if files:
-            return sum(p.stat().st_size for p in files)
-    return None
 
 
 def memory_fraction(engine: str, argv: Sequence[str]) -> Optional[float]:
@@ -125,19 +115,23 @@ def largest_tokens(cells: Sequence[Mapping[str, Any]], warmup_max_tokens: int = 
     return max([(c["context_tokens"] + c["max_tokens"]) * c["concurrency"] for c in cells] + [warmup_max_tokens])
 
 
-def of_config(cfg: Mapping[str, Any], engine: str, argv: Sequence[str], gpu_mib: int) -> Optional[Fit]:
-    """The fit of one resolved config on GPUs of `gpu_mib`, from its model folders on this host; None when
-    the model folder has no config.json or no weights (nothing to judge from)."""
-    folder = Path(cfg["model"]["path"])
-    config: Optional[Dict[str, Any]] = read_json(folder / "config.json")
-    weights = weights_bytes(folder)
-    if not isinstance(config, dict) or weights is None:
+def judge(cfg: Mapping[str, Any], engine: str, argv: Sequence[str], gpu_mib: int, model: Mapping[str, Any],
+          drafter_bytes: int) -> Optional[Fit]:
+    """The fit of one resolved config on GPUs of `gpu_mib`, from its model as `probe.model` reads it (config.json
+    and weight bytes, here or on the host); None when there is nothing to judge from."""
+    config, weights = model.get("config"), model.get("weights_bytes")
+    if not isinstance(config, dict) or not weights:
         return None
-    draft = cfg.get("draft_model") or {}
-    drafter = (weights_bytes(Path(draft["path"])) if draft.get("path") else None) or 0
     try:
         shape = Shape.from_config(config)
     except (KeyError, TypeError, ValueError):
         return None
-    return check(shape, weights, drafter, gpu_mib, memory_fraction(engine, argv), cfg["tp"],
+    return check(shape, int(weights), drafter_bytes, gpu_mib, memory_fraction(engine, argv), cfg["tp"],
                  largest_tokens(cfg["cells"], cfg.get("warmup_max_tokens", 0)))
+
+
+def of_config(cfg: Mapping[str, Any], engine: str, argv: Sequence[str], gpu_mib: int) -> Optional[Fit]:
+    """The fit of one resolved config, from its model folders on this host."""
+    draft = cfg.get("draft_model") or {}
+    drafter = (probe.model(draft["path"])["weights_bytes"] if draft.get("path") else None) or 0
+    return judge(cfg, engine, argv, gpu_mib, probe.model(cfg["model"]["path"]), drafter)

@@ -55,7 +55,8 @@ def sample(owns: Callable[[int], bool], proc: Path = Path("/proc")) -> Optional[
 def summary(before: Optional[Tuple[float, float, Optional[float]]],
             after: Optional[Tuple[float, float, Optional[float]]], seconds: float) -> Optional[Dict[str, Any]]:
     """The status.json `host_load` field: CPU seconds of the engine and of everything else over the timed
-    window, the CPUs those add up to, and the load average at its start and end."""
+    window of `seconds` (first send to last finish), the CPUs those add up to, and the load average at its
+    start and end."""
     if before is None or after is None:
         return None
     busy, engine = after[0] - before[0], after[1] - before[1]

@@ -168,7 +168,8 @@ def measure(cfg: Mapping[str, Any], identity: Mapping[str, Any], server: Server,
             out.detail = (f"request deadline of {cfg['timeouts']['request_s']:g} s passed and the server no "
                           f"longer answers {ep.engine.health_path} (hung); {len(out.rows)} requests recorded")
             return out
-    out.fields["host_load"] = hostload.summary(load0, hostload.sample(server.owns), out.timed_s)
+    span = out.window[1] - out.window[0] if out.window else 0.0  # the CPU seconds cover the whole window
+    out.fields["host_load"] = hostload.summary(load0, hostload.sample(server.owns), span)
     out.fields["counters"] = counters.check(before, counters.read(ep.engine, ep.port, ep.host, ep.headers),
                                             out.rows, cfg["method"] != "autoregressive")
     out.fields["cold_start"] = cold_start(out.rows)

@@ -58,7 +58,8 @@ class Suite:
         self.host = Host(suite=suite, engine=ENGINES[suite["engine"]],
                          store=HostStore(root, plan["host"], invocation), skip_unsupported=skip_unsupported)
         known = plan.get("engine_help") or {}  # the plan's probe read this engine's --help: not run again
-        if known.get("python") == suite["engine_python"] and known.get("module") == self.host.engine.module:
+        if (known.get("flags") and known.get("python") == suite["engine_python"]
+                and known.get("module") == self.host.engine.module):
             self.host.flags, self.host.choices = set(known.get("flags") or ()), dict(known.get("choices") or {})
 
     def prepare(self) -> None:

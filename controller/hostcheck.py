@@ -111,14 +111,10 @@ def _fit(cfg: Mapping[str, Any], engine: str, models: Mapping[str, Any], gpu_mib
         return None, "not checked: no GPU memory known (nvidia-smi found none; set bench_gpu_memory_mib)"
     if not isinstance(target.get("config"), dict) or not target.get("weights_bytes"):
         return None, f"not checked: no config.json or weights in {cfg['model']['path']} on the host"
-    try:
-        shape = fit.Shape.from_config(target["config"])
-    except (KeyError, TypeError, ValueError) as exc:
-        return None, f"not checked: the model's config.json lacks {exc}"
     drafter = int((models.get("draft_model") or {}).get("weights_bytes") or 0) if cfg.get("draft_model") else 0
-    verdict = fit.check(shape, int(target["weights_bytes"]), drafter, gpu_mib,
-                        fit.memory_fraction(engine, cfg["command"]), cfg["tp"],
-                        fit.largest_tokens(cfg["cells"], cfg.get("warmup_max_tokens", 0)))
+    verdict = fit.judge(cfg, engine, cfg["command"], gpu_mib, target, drafter)
+    if verdict is None:
+        return None, "not checked: the model's config.json lacks the fields the fit needs"
     return verdict, ("fits: " if verdict.fits else "does_not_fit: ") + verdict.detail
 
 

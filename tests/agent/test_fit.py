@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import fit, gpu
+from agent import fit, gpu, probe
 from tests.conftest import ROOT
 
 QWEN36 = {"num_hidden_layers": 64, "num_attention_heads": 24, "num_key_value_heads": 4, "head_dim": 256,
@@ -84,7 +84,7 @@ def test_the_tiny_model_fits_an_h200(tmp_path: Path) -> None:
         (folder / "model.safetensors").write_bytes(b"\0" * 4096)
     shape = fit.Shape.from_config(json.loads((folder / "config.json").read_text()))
     assert shape.kv_bytes_per_token(1) == 2 * 2 * 2 * 32 * 4
-    assert fit.weights_bytes(folder) == (folder / "model.safetensors").stat().st_size
+    assert probe.model(str(folder))["weights_bytes"] == (folder / "model.safetensors").stat().st_size
     cfg = {"model": {"path": str(folder)}, "draft_model": None, "tp": 1, "warmup_max_tokens": 32,
            "cells": [{"context_tokens": 512, "max_tokens": 256, "concurrency": 4}]}
     result = fit.of_config(cfg, "vllm", [], H200_MIB)

@@ -181,6 +181,8 @@ def test_check_mode_starts_nothing(demo: Demo) -> None:
     res = typed("ansible-playbook bench.yml -l local --check", timeout=300)
     assert res.returncode == 0, res.stdout[-3000:]
     assert "Plan for local: 4 configs" in res.stdout and "bench_timeouts: health_s=300" in res.stdout
+    # the host was asked (read only, in check mode): the installed engine knows every flag of every config
+    assert res.stdout.count("engine: supported by vllm 0.32.0") == 4, res.stdout[-3000:]
     assert run_folders() == before
 
 
