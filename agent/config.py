@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from . import fit, gpu, gpusample, probe
 from .classify import Reason, classify, tail
 from .engines import PORT, Engine
 from .measure import Endpoint, Measured, PromptError, measure
+from .pack import Slot
 from .records import Event, Outcome
 from .server import ProcessServer, Server, StartupFailed, connect_host, free_port
 from .store import (
@@ -54,6 +56,23 @@ class Host:
     flags: Optional[Set[str]] = None
     choices: Dict[str, List[str]] = field(default_factory=dict)
     skip_unsupported: bool = False  # record configs with unknown flags skipped instead of failed
+    ports: Set[int] = field(default_factory=set)  # ports of servers running now (packed configs run at once)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def take_port(self) -> int:
+        """The configured port, else a free one no other running config of this suite holds."""
+        if self.suite.get("port"):
+            return int(self.suite["port"])
+        with self.lock:
+            while True:
+                port = free_port(self.bind_host)
+                if port not in self.ports:
+                    self.ports.add(port)
+                    return port
+
+    def give_port(self, port: int) -> None:
+        with self.lock:
+            self.ports.discard(port)
 
     @property
     def bind_host(self) -> str:
@@ -112,8 +131,9 @@ def server_env(cfg: Mapping[str, Any]) -> Dict[str, str]:
 
 
 # -- preflight ----------------------------------------------------------------------------------------
-def preflight(host: Host, cfg: Mapping[str, Any]) -> Optional[Result]:
-    """Why the config cannot start on this host, before anything is launched; None when it can."""
+def preflight(host: Host, cfg: Mapping[str, Any], slot: Optional[Slot] = None) -> Optional[Result]:
+    """Why the config cannot start on this host (or in its slot), before anything is launched; None when it
+    can. A slot's release check looks at the slot's own GPUs only."""
     if host.flags is None:
         try:
             host.flags, host.choices = probe.read_help(host.suite["engine_python"], host.engine.module,
@@ -135,30 +155,46 @@ def preflight(host: Host, cfg: Mapping[str, Any]) -> Optional[Result]:
         verdict = fit.of_config(cfg, host.engine.name, cfg["command"], host.gpu_memory_mib)
         if verdict is not None and not verdict.fits:
             return Result.failed(Reason.DOES_NOT_FIT, f"memory: {verdict.detail}", memory_fit=verdict.detail)
-    ok, now = gpu.wait_released(host.idle_gpu, cfg["timeouts"]["release_s"])
+    idle = ({i: host.idle_gpu[i] for i in slot.gpus if i in host.idle_gpu} if slot is not None and slot.gpus
+            else host.idle_gpu)
+    ok, now = gpu.wait_released(idle, cfg["timeouts"]["release_s"])
     if not ok:
         return Result.failed(Reason.GPU_BUSY, f"GPU memory still in use before start (MiB used {now}, idle "
-                                              f"{host.idle_gpu})")
+                                              f"{idle})")
     return None
 
 
 # -- serve --------------------------------------------------------------------------------------------
-def server_for(host: Host, cfg: Mapping[str, Any], argv: List[str], log: Path, port: int) -> Server:
-    """The config's server on the suite's backend, marked so that anything it leaves behind is found."""
+def server_for(host: Host, cfg: Mapping[str, Any], argv: List[str], log: Path, port: int,
+               slot: Optional[Slot] = None) -> Server:
+    """The config's server on the suite's backend, marked so that anything it leaves behind is found, and
+    confined to its slot: its GPUs by CUDA_VISIBLE_DEVICES (and the unit's device allow list), its CPUs by
+    taskset (the unit's CPUAffinity= and AllowedCPUs=)."""
     mark = {MARK: f"{host.store.dir.parent.name}/{cfg['config_id']}/{uuid.uuid4().hex[:12]}"}
     log_max = int(host.suite["server_log_max_mib"]) << 20  # the plan carries every default
     common = dict(host=connect_host(host.bind_host), headers=host.headers, log_max_bytes=log_max,
                   stop_deadline_s=cfg["timeouts"]["stop_s"])
+    confined = slot.env() if slot is not None else {}
     if host.suite.get("backend") == "systemd":
-        return SystemdServer(host.engine.name, cfg["config_id"], argv, {**cfg["env"], **mark}, log, port, **common)
-    return ProcessServer(argv, {**server_env(cfg), **mark}, log, port, **common)
+        return SystemdServer(host.engine.name, cfg["config_id"], argv, {**cfg["env"], **confined, **mark}, log,
+                             port, slot=slot, **common)
+    if slot is not None and slot.cpus:
+        argv = [shutil.which("taskset") or "taskset", "--cpu-list", slot.cpus, *argv]
+    return ProcessServer(argv, {**server_env(cfg), **confined, **mark}, log, port, **common)
 
 
-def serve(host: Host, cfg: Mapping[str, Any], folder: Path) -> Result:
+def serve(host: Host, cfg: Mapping[str, Any], folder: Path, slot: Optional[Slot] = None) -> Result:
     """Start the config's server, wait for it, measure, stop it; the outcome with the server's log."""
-    port = int(host.suite.get("port") or free_port(host.bind_host))
+    port = host.take_port()
+    try:
+        return _serve(host, cfg, folder, port, slot)
+    finally:
+        host.give_port(port)
+
+
+def _serve(host: Host, cfg: Mapping[str, Any], folder: Path, port: int, slot: Optional[Slot]) -> Result:
     argv = [str(port) if a == PORT else a for a in cfg["command"]]
-    server = server_for(host, cfg, argv, folder / "server.log", port)
+    server = server_for(host, cfg, argv, folder / "server.log", port, slot)
     identity = {"host": host.store.host, "config_id": cfg["config_id"], "method": cfg["method"],
                 "method_params": cfg["method_params"], "tp": cfg["tp"], "engine": cfg["engine"],
                 "model": cfg["model"]["name"], "phase": cfg["phase"]}
@@ -169,12 +205,20 @@ def serve(host: Host, cfg: Mapping[str, Any], folder: Path) -> Result:
             ready_s = round(server.wait_ready(host.engine.health_path, cfg["timeouts"]["health_s"]), 3)
             host.store.event(Event.CONFIG_READY, config_id=cfg["config_id"], ready_s=ready_s, port=port,
                              server_pid=server.pid)
+            # what the kernel holds it to, not what was asked
+            seen = cpus_allowed(server.pid) if slot is not None and slot.cpus and server.pid else None
             # GPU clocks, power, temperature and throttle reasons at 1 Hz (nothing on a host without nvidia-smi)
-            with gpusample.Sampler(folder / "gpu.jsonl") as gpus:
+            indices = list(slot.gpus) if slot is not None and slot.gpus else None
+            with gpusample.Sampler(folder / "gpu.jsonl", indices=indices) as gpus:
                 out = measure(cfg, identity, server, Endpoint(host.engine, port, server.host, host.headers))
+            if seen is not None:
+                out.fields["cpus_seen"] = seen
             state = gpus.summary(*out.window) if out.window else None
             if state is not None:
                 out.fields["gpu_state"] = state
+            if out.window:  # on the wall clock, so that configs packed beside it can be set against it
+                to_epoch = time.time() - time.monotonic()
+                out.fields["timed_window"] = [round(t + to_epoch, 3) for t in out.window]
     except StartupFailed as exc:
         out.reason, out.detail = exc.reason, exc.detail
         if exc.reason == Reason.CRASHED:
@@ -196,6 +240,17 @@ def serve(host: Host, cfg: Mapping[str, Any], folder: Path) -> Result:
                   tail(log_text, 40), argv,
                   dict(ready_s=ready_s, port=port, timed_s=round(out.timed_s, 3), stop_s=round(server.stop_s, 3),
                        survivors=server.survivors, **out.fields))
+
+
+def cpus_allowed(pid: int) -> Optional[str]:
+    """The CPUs a process may run on, as /proc lists them ("0-3,8"); None when it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("Cpus_allowed_list:"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
 
 
 def _scrubbed_log(path: Path, secrets: List[str]) -> str:
@@ -247,14 +302,17 @@ def record(host: Host, cfg: Mapping[str, Any], result: Result, folder: Path, sta
     return status
 
 
-def run_config(host: Host, cfg: Mapping[str, Any]) -> Dict[str, Any]:
-    """preflight → serve (and measure) → record; the status written."""
+def run_config(host: Host, cfg: Mapping[str, Any], slot: Optional[Slot] = None) -> Dict[str, Any]:
+    """preflight → serve (and measure) → record; the status written. `slot`: where a packed config runs."""
     started_at, t0 = now_iso(), time.monotonic()
-    result = preflight(host, cfg)
+    result = preflight(host, cfg, slot)
     folder = fresh_folder(host.store, cfg["config_id"])
     if result is None:
-        result = serve(host, cfg, folder)
+        result = serve(host, cfg, folder, slot)
         result.fields["wall_s"] = round(time.monotonic() - t0, 3)
+    if slot is not None and not slot.whole_host:
+        seen = result.fields.pop("cpus_seen", None)
+        result.fields["slot"] = {**slot.record(), **({"cpus_seen": seen} if slot.cpus else {})}
     return record(host, cfg, result, folder, started_at, host.secrets(cfg))
 
 

@@ -130,6 +130,12 @@ STATUS = (
        "above 3x", required=False),
     _f("host_load", "object|null", "CPU seconds of the engine and of everything else during the timed "
        "requests, and the 1-minute load average", required=False),
+    _f("timed_window", "array", "[from, to] of the timed requests, epoch seconds", required=False),
+    _f("slot", "object", "where a packed config ran: index, gpus (nvidia-smi indices), cpus (a CPU list or null) "
+       "and, with cpus, cpus_seen (the server's Cpus_allowed_list once ready); absent when it had the whole host",
+       required=False),
+    _f("neighbours", "array", "the configs whose servers ran at the same time (packing): config_id, slot, "
+       "overlap_s (both servers up), timed_overlap_s (both in timed requests)", required=False),
 )
 
 GPU_SAMPLE = (
@@ -178,6 +184,8 @@ CONFIG = (
     _f("estimate_s", "number", "the plan's time estimate", required=False),
     _f("estimate_source", "string", "what the estimate came from: an earlier run's measurement or the profile",
        required=False),
+    _f("pack_check_of", "string", "on the pack check only: the baseline it measures again while the other slots "
+       "are busy", required=False),
 )
 
 RECORDS: dict[str, tuple[Field, ...]] = {"requests.jsonl": REQUEST, "status.json": STATUS, "config.json": CONFIG,

@@ -1,22 +1,28 @@
-"""The suite loop on one host: each config in turn, with progress events and an ETA.
+"""The suite loop on one host: phase by phase, each config in turn or packed into slots, with progress events
+and an ETA.
 
 A config already `ok` with the same digest is kept unless forced; a phase whose baseline fails has
 its other configs skipped; a failing config is recorded (see `config.py`) and the suite goes on.
+A packed phase (`pack.py`) runs its baseline alone on the first slot, then the rest on all its slots at once,
+one thread per slot taking the next config as its slot frees; each config's status then names its neighbours.
 """
 from __future__ import annotations
 
 import subprocess
+import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Set
+from typing import Any, Dict, List, Mapping, Optional, Set
 
-from . import fingerprint, gpu, probe
+from . import fingerprint, gpu, pack, probe
 from .classify import Reason
 from .config import Host, config_digest, run_config, server_env, skip
 from .engines import ENGINES
+from .pack import Slot
 from .records import Event, Outcome
-from .store import HostStore, write_json
+from .store import HostStore, read_json, write_json
 from .systemd import stop_leftover_units
 
 
@@ -85,35 +91,105 @@ class Suite:
             for unit in stop_leftover_units(host.engine.name):
                 store.event(Event.LEFTOVER_UNIT_STOPPED, unit=unit)
 
+    def slots(self, phase: str, tp: int) -> List[Slot]:
+        return pack.slots(self.plan["suite"], phase, tp, self.host.gpu_count or int(self.plan["suite"].get(
+            "gpu_count") or 0))
+
     def run(self) -> int:
         configs = self.plan["configs"]
         store = self.host.store
-        t0 = time.monotonic()
+        self.t0 = time.monotonic()
         self.prepare()
-        failed_baselines: Set[str] = set()
-        eta = Eta(sum(c["estimate_s"] for c in configs))
-        store.event(Event.SUITE_START, n=len(configs), run_id=self.plan["run_id"], estimate_s=eta.total_est)
-        for k, cfg in enumerate(configs, 1):
-            where = dict(k=k, n=len(configs), config_id=cfg["config_id"], elapsed_s=time.monotonic() - t0,
-                         eta_s=eta.left())
-            if not self.force and kept(store, cfg):
-                store.event(Event.CONFIG_KEPT, **where)
-                eta.done(cfg["estimate_s"], cfg["estimate_s"] * eta.scale)
-                continue
-            store.event(Event.CONFIG_START, **where)
-            started = time.monotonic()
-            baseline = cfg["method"] == "autoregressive"
-            if not baseline and cfg["phase"] in failed_baselines:
-                status = skip(self.host, cfg, Reason.BASELINE_FAILED,
-                              f"the autoregressive baseline of phase {cfg['phase']} did not finish ok")
+        self.failed_baselines: Set[str] = set()
+        self.index = {c["config_id"]: k for k, c in enumerate(configs, 1)}
+        pools = {phase: self.slots(phase, group[0]["tp"]) for phase, group in pack.phase_order(configs)}
+        placed = pack.timeline(configs, pools)
+        self.eta = Eta(max((p.end_s for p in placed), default=0.0))
+        self.lock = threading.Lock()
+        store.event(Event.SUITE_START, n=len(configs), run_id=self.plan["run_id"], estimate_s=self.eta.total_est)
+        for phase, group in pack.phase_order(configs):
+            pool = pools[phase]
+            if len(pool) == 1:
+                for cfg in group:
+                    self.one(cfg, pool[0] if not pool[0].whole_host else None, 1)
             else:
-                status = run_config(self.host, cfg)
-            if baseline and status["status"] != Outcome.OK.value:
-                failed_baselines.add(cfg["phase"])
-            eta.done(cfg["estimate_s"], time.monotonic() - started)
-            store.event(Event.CONFIG_END, k=k, n=len(configs), config_id=cfg["config_id"], status=status["status"],
-                        reason=status.get("reason"), ready_s=status.get("ready_s"),
-                        requests_ok=status.get("requests_ok"), requests=status.get("requests"),
-                        duration_s=round(time.monotonic() - started, 2))
-        store.event(Event.SUITE_END, elapsed_s=time.monotonic() - t0)
+                self.packed(group, pool)
+        store.event(Event.SUITE_END, elapsed_s=time.monotonic() - self.t0)
         return 0
+
+    def one(self, cfg: Dict[str, Any], slot: Optional[Slot], share: int,
+            spans: Optional[Dict[str, Dict[str, Any]]] = None) -> Dict[str, Any]:
+        """One config in `slot` (None: the whole host), with its events; `share` is how many slots its phase
+        runs at once (for the ETA); `spans` collects when its server was up, for the neighbours."""
+        store, n = self.host.store, len(self.plan["configs"])
+        where = dict(k=self.index[cfg["config_id"]], n=n, config_id=cfg["config_id"],
+                     elapsed_s=time.monotonic() - self.t0, eta_s=self.eta.left())
+        if slot is not None:
+            where["slot"] = slot.index
+        if not self.force and kept(store, cfg):
+            store.event(Event.CONFIG_KEPT, **where)
+            with self.lock:
+                self.eta.done(cfg["estimate_s"] / share, cfg["estimate_s"] / share * self.eta.scale)
+            return store.status(cfg["config_id"]) or {}
+        store.event(Event.CONFIG_START, **where)
+        started, up_from = time.monotonic(), time.time()
+        baseline = cfg["method"] == "autoregressive" and not cfg.get("pack_check_of")
+        if cfg["method"] != "autoregressive" and cfg["phase"] in self.failed_baselines or (
+                cfg.get("pack_check_of") and cfg["phase"] in self.failed_baselines):
+            status = skip(self.host, cfg, Reason.BASELINE_FAILED,
+                          f"the autoregressive baseline of phase {cfg['phase']} did not finish ok")
+        else:
+            status = run_config(self.host, cfg, slot)
+            if spans is not None and slot is not None:
+                with self.lock:
+                    spans[cfg["config_id"]] = {"slot": slot.index, "up": [up_from, time.time()],
+                                               "timed": status.get("timed_window")}
+        if baseline and status["status"] != Outcome.OK.value:
+            self.failed_baselines.add(cfg["phase"])
+        with self.lock:
+            self.eta.done(cfg["estimate_s"] / share, (time.monotonic() - started) / share)
+        store.event(Event.CONFIG_END, k=where["k"], n=n, config_id=cfg["config_id"], status=status["status"],
+                    reason=status.get("reason"), ready_s=status.get("ready_s"),
+                    requests_ok=status.get("requests_ok"), requests=status.get("requests"),
+                    duration_s=round(time.monotonic() - started, 2), **({"slot": slot.index} if slot else {}))
+        return status
+
+    def packed(self, group: List[Dict[str, Any]], pool: List[Slot]) -> None:
+        """One phase over its slots: the baseline alone on the first, then every other config as slots free (a
+        thread per slot); a baseline that did not finish ok starts nothing else. Then each config's status gets
+        its neighbours."""
+        spans: Dict[str, Dict[str, Any]] = {}
+        base, rest = pack.split(group)
+        if base is not None:
+            self.one(base, pool[0], 1, spans)
+        queue = deque(rest)
+        errors: List[BaseException] = []
+
+        def worker(slot: Slot) -> None:
+            while not errors:
+                with self.lock:
+                    if not queue:
+                        return
+                    cfg = queue.popleft()
+                try:
+                    self.one(cfg, slot, len(pool), spans)
+                except BaseException as exc:  # raised again once every slot has stopped
+                    errors.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(slot,), name=f"slot-{slot.index}") for slot in pool]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.note_neighbours(spans)
+        if errors:
+            raise errors[0]
+
+    def note_neighbours(self, spans: Mapping[str, Mapping[str, Any]]) -> None:
+        """Write into each packed config's status.json which configs ran beside it (an empty list: none)."""
+        for cid, near in pack.neighbours(spans).items():
+            path = self.host.store.config_dir(cid) / "status.json"
+            status = read_json(path)
+            if isinstance(status, dict):
+                status["neighbours"] = near
+                write_json(path, status)

@@ -17,11 +17,15 @@ from typing import Any
 
 from .classify import Reason
 from .logbound import DEFAULT_MAX_BYTES, BoundedLog
+from .pack import Slot
 from .server import Server, StartupFailed, wait_until
 from .store import write_atomic
 from .sweep import MARK, sweep
 
 UNIT_DIR_ENV = Path("/etc/specfleet/units")
+DROPIN_DIR = Path("/run/systemd/system")  # runtime drop-ins: gone at reboot, like the slot they describe
+DROPIN_NAME = "50-specfleet-slot.conf"
+_NVIDIA_GPU = re.compile(r"^/dev/nvidia(\d+)\s")
 
 
 def _systemctl(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
@@ -41,6 +45,30 @@ def env_file_text(argv: list[str], env: dict[str, str]) -> str:
     return f"SPECFLEET_LAUNCH={blob}\n"
 
 
+def device_allow(show_text: str) -> list[str]:
+    """The DeviceAllow= entries of `systemctl show -p DeviceAllow` (one `DeviceAllow=PATH ACCESS` line each;
+    a bare `DeviceAllow=` when there are none)."""
+    out = []
+    for line in show_text.splitlines():
+        key, _, value = line.partition("=")
+        if key == "DeviceAllow" and value.strip():
+            out.append(value.strip())
+    return out
+
+
+def slot_dropin(slot: Slot, allowed: list[str]) -> str:
+    """The runtime drop-in that confines one instance to its slot: its CPUs (affinity at exec and the cgroup's
+    cpuset), and of the GPU nodes in the template's device allow list only the slot's own (the shared control
+    nodes nvidiactl, nvidia-uvm, nvidia-caps stay)."""
+    lines = ["# written by the specfleet agent for one packed config; removed when it stops", "[Service]"]
+    if slot.cpus:
+        lines += [f"CPUAffinity={slot.cpus.replace(',', ' ')}", f"AllowedCPUs={slot.cpus}"]
+    if slot.gpus:
+        keep = [e for e in allowed if (m := _NVIDIA_GPU.match(e + " ")) is None or int(m[1]) in slot.gpus]
+        lines += ["DeviceAllow=", *(f"DeviceAllow={e}" for e in keep)]
+    return "\n".join(lines) + "\n"
+
+
 def decode_env_file(text: str) -> dict[str, Any]:
     """The command and environment held by an env file (for tests and debugging)."""
     blob = text.strip().split("=", 1)[1]
@@ -53,8 +81,10 @@ class SystemdServer(Server):
     def __init__(self, engine: str, instance: str, argv: list[str], env: dict[str, str], log_path: Path,
                  port: int, host: str = "127.0.0.1", env_dir: Path = UNIT_DIR_ENV,
                  headers: dict[str, str] | None = None, log_max_bytes: int = DEFAULT_MAX_BYTES,
-                 stop_deadline_s: float = 60.0) -> None:
+                 stop_deadline_s: float = 60.0, slot: Slot | None = None, dropin_dir: Path = DROPIN_DIR) -> None:
         self.unit = f"specfleet-{engine}@{instance_name(instance)}.service"
+        self.slot = slot if slot is not None and not slot.whole_host else None
+        self.dropin = dropin_dir / f"{self.unit}.d" / DROPIN_NAME
         self.env_path = env_dir / f"{instance_name(instance)}.env"
         self.argv, self.env, self.log_path, self.port, self.host = argv, env, log_path, port, host
         self.headers = headers or {}
@@ -76,6 +106,7 @@ class SystemdServer(Server):
         self.env_path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(self.env_path, env_file_text(self.argv, self.env).encode())
         os.chmod(self.env_path, 0o640)
+        self._confine()
         _systemctl("reset-failed", self.unit)
         res = _systemctl("start", "--no-block", self.unit)
         if res.returncode != 0:
@@ -86,6 +117,25 @@ class SystemdServer(Server):
         state = self._show()
         self.invocation = state["InvocationID"]
         self.pid = int(state.get("MainPID") or 0) or None
+
+    def _confine(self) -> None:
+        """The slot's drop-in in place (none left from an earlier start of this instance), systemd told."""
+        if self.dropin.exists():  # the allow list is read without it
+            self.dropin.unlink()
+            self._reload()
+        if self.slot is None:
+            return
+        allowed = device_allow(_systemctl("show", self.unit, "-p", "DeviceAllow").stdout)
+        self.dropin.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.dropin, slot_dropin(self.slot, allowed).encode())
+        os.chmod(self.dropin, 0o644)
+        self._reload()
+
+    @staticmethod
+    def _reload() -> None:
+        res = _systemctl("daemon-reload")
+        if res.returncode != 0:
+            raise StartupFailed(Reason.CRASHED, f"systemctl daemon-reload: {res.stderr.strip()}")
 
     def alive(self) -> bool:
         return self._show().get("ActiveState") in ("active", "activating", "reloading")
@@ -161,6 +211,9 @@ class SystemdServer(Server):
                 self.env_path.unlink()
             except FileNotFoundError:
                 pass
+            if self.slot is not None and self.dropin.exists():  # the next config of this name may run unpacked
+                self.dropin.unlink()
+                _systemctl("daemon-reload")
             _systemctl("reset-failed", self.unit)
 
 

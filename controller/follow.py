@@ -24,15 +24,17 @@ def render(ev: dict[str, Any]) -> str | None:
     kind = ev.get("event")
     if kind == Event.SUITE_START:
         return f"suite {ev.get('run_id')}: {ev.get('n')} configs, estimated {hms(ev.get('estimate_s'))}"
+    slot = f"slot {ev['slot']}" if ev.get("slot") is not None else ""  # packed: configs end out of order
     if kind == Event.CONFIG_START:
-        return (f"[{ev['k']}/{ev['n']}] {ev['config_id']}  elapsed {hms(ev.get('elapsed_s'))}  "
-                f"ETA {hms(ev.get('eta_s'))}")
+        return (f"[{ev['k']}/{ev['n']}] {ev['config_id']}  {slot + '  ' if slot else ''}elapsed "
+                f"{hms(ev.get('elapsed_s'))}  ETA {hms(ev.get('eta_s'))}")
     if kind == Event.CONFIG_KEPT:
         return f"[{ev['k']}/{ev['n']}] {ev['config_id']}  already ok in this run, kept"
     if kind == Event.CONFIG_END:
         head = ev["status"] if ev["status"] == "ok" else f"{ev['status']}: {ev.get('reason')}"
         ready = f"ready {ev['ready_s']:.1f} s, " if ev.get("ready_s") is not None else ""
-        return (f"      {head} in {ev.get('duration_s', 0):.1f} s ({ready}"
+        who = f"{ev['config_id']} ({slot}): " if slot else ""
+        return (f"      {who}{head} in {ev.get('duration_s', 0):.1f} s ({ready}"
                 f"{ev.get('requests_ok') or 0}/{ev.get('requests') or 0} requests ok)")
     if kind == Event.SUITE_END:
         return f"suite finished in {hms(ev.get('elapsed_s'))}"

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from agent import records, workloads
+from agent import pack, records, workloads
 from agent.engines import ENGINES
 from agent.logbound import DEFAULT_MAX_BYTES
 from agent.secrets import PLACEHOLDER
@@ -69,6 +69,11 @@ _config = {
          "then": {"not": {"required": ["budget"]}}},
     ],
 }
+_slots = {"type": "array", "items": {
+    "type": "object", "additionalProperties": False, "minProperties": 1,
+    "properties": {"gpus": {"type": "array", "minItems": 1, "uniqueItems": True,
+                            "items": {"type": "integer", "minimum": 0}},
+                   "cpus": {"type": ["string", "integer"], "minimum": 0, "pattern": pack.CPU_LIST.pattern}}}}
 _sweep = {
     "type": "object", "required": ["workloads"], "additionalProperties": False,
     "properties": {
@@ -97,6 +102,9 @@ SCHEMA = {
         "draft_model": {**_model, "type": ["object", "null"], "default": None},
         "gpu_count": {"type": "integer", "minimum": 0, "default": 0},
         "gpu_memory_mib": {"type": "integer", "minimum": 0, "default": 0},
+        "pack": {"type": "boolean", "default": False},
+        "pack_check": {"type": "boolean", "default": False},
+        "slots": {**_slots, "default": []},
         "bind_host": {"type": "string", "minLength": 1, "default": "127.0.0.1"},
         "port": {"type": "integer", "minimum": 0, "maximum": 65535, "default": 0},
         "api_key": {"type": ["string", "null"], "default": ""},
@@ -126,6 +134,7 @@ SCHEMA = {
                     "tp": _pos_int,
                     "server_args": _str_list,
                     "env": _env,
+                    "slots": _slots,
                     "configs": {"type": "array", "minItems": 1, "items": _config},
                     "sweeps": {"type": "array", "minItems": 1, "items": _sweep},
                 },
@@ -322,6 +331,9 @@ def _format(err: Any) -> list[str]:
     if kind == "pattern" and err.validator_value == _NO_NUL:
         return [f"{where}: contains a NUL byte, which no argument or environment value can hold; allowed: text "
                 f"without NUL bytes"]
+    if kind == "pattern" and err.validator_value == pack.CPU_LIST.pattern:
+        return [f"{where}: {shown(inst, False)} is not a CPU list; allowed: CPU numbers and ranges separated by "
+                f"commas, as taskset takes them (e.g. 0-3,8)"]
     if kind == "pattern":
         text = NAME_TEXT if err.validator_value == _NAME else f"a string matching {err.validator_value}"
         return [f"{where}: {shown(inst, secret)} is not a valid name; allowed: {text}"]
@@ -516,6 +528,7 @@ def validate(suite: dict[str, Any], phases: list[str] | None = None, *, secrets_
                     errors.append(f"{field}: context + max_tokens = {context + out_len} exceeds the model's "
                                   f"max_model_len {max_len} (context {context}, max_tokens {out_len}); "
                                   f"allowed: context_tokens + max_tokens <= {max_len} ({PREFIX}model.max_model_len)")
+    errors += pack.problems(suite, gpus, PREFIX)
     for p in phases or []:
         if p not in names:
             errors.append(f"phases: unknown phase {p!r}; allowed: {', '.join(names)}")
@@ -590,4 +603,7 @@ def expand(checked: Matrix | dict[str, Any], phases: list[str] | None = None, *,
             resolved["estimate_s"] = round(estimate.seconds(cells, est["startup_s"], est["tok_s"],
                                                             est["prefill_tok_s"]), 1)
             out.append(resolved)
+            if (cfg["method"] == "autoregressive" and suite["pack_check"]
+                    and len(pack.slots(suite, phase["name"], resolved["tp"], suite["gpu_count"])) > 1):
+                out.append(pack.check_copy(resolved))  # the same baseline again, packed among the others
     return out

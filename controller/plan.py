@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
-from agent import secrets
+from agent import pack, secrets
 from agent.engines import DISTRIBUTIONS, ENGINES
 from agent.store import redact_argv, redact_env
 from agent.systemd import instance_name
@@ -126,7 +126,7 @@ def trim(configs: list[dict[str, Any]], selected: bool) -> list[dict[str, Any]]:
     config of its phase measures (when there is one)."""
     if selected:
         for base in (c for c in configs if c["method"] == "autoregressive"):
-            used = {_cell_key(x) for c in configs if c["phase"] == base["phase"] and c is not base
+            used = {_cell_key(x) for c in configs if c["phase"] == base["phase"] and c["method"] != "autoregressive"
                     for x in c["cells"]}
             if used:
                 base["cells"] = [x for x in base["cells"] if _cell_key(x) in used]
@@ -199,8 +199,10 @@ def describe(host: str, configs: list[dict[str, Any]], suite: dict[str, Any] | N
     """The plan as text: the effective defaults, each config's exact launch command, environment, unit, what the
     host's engine and GPUs say of it, requests and time; then the memory fit per TP."""
     checks = checks or {}
+    serial = sum(c["estimate_s"] for c in configs)
+    packed = packed_lines(configs, suite) if suite and suite.get("pack") else []
     lines = [f"Plan for {host}: {len(configs)} configs, {sum(c['requests'] for c in configs)} timed requests, "
-             f"estimated {_hms(sum(c['estimate_s'] for c in configs))}"]
+             f"estimated {_hms(wall(configs, suite))}" + (f" packed ({_hms(serial)} one at a time)" if packed else "")]
     if suite:
         lines += [f"    {PREFIX}{k}: {_pairs(suite[k])}" for k in matrix.PARTIAL]
         lines.append(f"    {PREFIX}repetitions: {suite['repetitions']}; {PREFIX}max_tokens: {suite['max_tokens']}; "
@@ -236,7 +238,45 @@ def describe(host: str, configs: list[dict[str, Any]], suite: dict[str, Any] | N
             shown = (("engine", check.engine_line), ("memory", check.fit_line))
             lines += [f"    {what}: {line}" for what, line in shown if line not in said]
     lines.append("    ({port} is a free port chosen on the host at launch)")
-    return lines + hostcheck.fit_table(configs, checks)
+    return lines + packed + hostcheck.fit_table(configs, checks)
+
+
+def pools(configs: list[dict[str, Any]], suite: Mapping[str, Any] | None) -> dict[str, list[pack.Slot]]:
+    """Each phase's slots as the agent will make them (the host's GPU count from the matrix)."""
+    suite = suite or {}
+    return {phase: pack.slots(suite, phase, group[0]["tp"], int(suite.get("gpu_count") or 0))
+            for phase, group in pack.phase_order(configs)}
+
+
+def wall(configs: list[dict[str, Any]], suite: Mapping[str, Any] | None) -> float:
+    """The suite's estimated wall time, packed where the phases are."""
+    return max((p.end_s for p in pack.timeline(configs, pools(configs, suite))), default=0.0)
+
+
+def packed_lines(configs: list[dict[str, Any]], suite: Mapping[str, Any]) -> list[str]:
+    """Per phase: its slots, its estimate packed against one config at a time, and each slot's timeline (times
+    from the phase's start)."""
+    slots = pools(configs, suite)
+    placed = pack.timeline(configs, slots)
+    lines = [f"Packing ({PREFIX}pack): in each phase the baseline runs alone on the first slot, then the other "
+             f"configs run at once, each on the slot that frees first"]
+    for phase, group in pack.phase_order(configs):
+        mine = [p for p in placed if p.phase == phase]
+        start, end = min(p.start_s for p in mine), max(p.end_s for p in mine)
+        serial = sum(c["estimate_s"] for c in group)
+        pool = slots[phase]
+        if len(pool) == 1:
+            lines.append(f"  phase {phase}: 1 slot, one config at a time (tp {group[0]['tp']} of "
+                         f"{suite.get('gpu_count') or 0} GPUs; {PREFIX}slots names none for it), ~{_hms(serial)}")
+            continue
+        ratio = serial / (end - start) if end > start else 1.0
+        lines.append(f"  phase {phase}: {len(pool)} slots, ~{_hms(end - start)} packed against ~{_hms(serial)} one "
+                     f"at a time ({ratio:.1f}x shorter)")
+        for slot in pool:
+            runs = [p for p in mine if p.slot == slot]
+            lines.append(f"    {slot.describe()}: " + ("; ".join(
+                f"{_hms(p.start_s - start)}-{_hms(p.end_s - start)} {p.config_id}" for p in runs) or "idle"))
+    return lines
 
 
 Ask = Callable[[str, dict[str, Any]], dict[str, Any]]
@@ -278,5 +318,5 @@ def build(args: dict[str, Any], task_vars: dict[str, Any], ask: Ask | None = Non
     unsupported = {cid: ch.unsupported for cid, ch in checks.items() if ch.supported is False}
     return {"changed": False, "configs": configs, "suite": hidden.suite, "plan_lines": describe(
             host, configs, hidden.suite, checks, run["skip_unsupported"]), **run,
-            "requests": sum(c["requests"] for c in configs), "estimate_s": sum(c["estimate_s"] for c in configs),
+            "requests": sum(c["requests"] for c in configs), "estimate_s": wall(configs, hidden.suite),
             "unsupported": unsupported, "engine_help": hostcheck.engine_help(answer)}

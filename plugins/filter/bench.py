@@ -7,6 +7,8 @@ the plan on the host. The `bench_plan` action replaces the same values with the 
 keys it does not set, e.g. `(bench_timeouts | bench_defaults('timeouts')).stop_s`.
 `bench_number`: a whole number given as a string (`-e bench_repetitions=2`) as that number; any
 other value unchanged, for the validator to judge.
+`bench_bool`: true/false/yes/no/1/0 given as a string (`-e bench_pack=true`) as that boolean; any other value
+unchanged, for the validator to judge (a typo fails instead of meaning false).
 """
 from __future__ import annotations
 
@@ -36,7 +38,13 @@ def bench_number(value: Any) -> Any:
     return value
 
 
+def bench_bool(value: Any) -> Any:
+    if isinstance(value, str) and value.strip().lower() in ("true", "yes", "1", "false", "no", "0"):
+        return value.strip().lower() in ("true", "yes", "1")
+    return value
+
+
 class FilterModule:
     def filters(self) -> dict[str, Callable[..., Any]]:
         return {"bench_secrets": bench_secrets, "bench_number": bench_number,
-                "bench_defaults": bench_defaults}
+                "bench_defaults": bench_defaults, "bench_bool": bench_bool}

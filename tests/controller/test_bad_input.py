@@ -138,7 +138,7 @@ CORPUS = [
     case(put("repetiton", 3), "bench_repetiton", "not a variable of the matrix; allowed: bench_api_key",
          id="suite-unknown-key"),
     case(put("phases.0.gpus", 2), "bench_phases[0].gpus",
-         "unknown key; allowed keys: configs, env, name, server_args, sweeps, tp", id="phase-unknown-key"),
+         "unknown key; allowed keys: configs, env, name, server_args, slots, sweeps, tp", id="phase-unknown-key"),
     case(put("phases.0.configs.1.k", 4), "bench_phases[0].configs[1].k",
          "unknown key; allowed keys: block_size, budget, draft_model, env, id, method", id="config-unknown-key"),
     case(put("phases.0.sweeps.0.workload", "fib"), "bench_phases[0].sweeps[0].workload",

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.systemd import SystemdServer, env_file_text
+from agent.pack import Slot
+from agent.systemd import DROPIN_DIR, DROPIN_NAME, SystemdServer, device_allow, env_file_text, slot_dropin
 from controller import passthrough
 from tests import playbook
 from tests.hosts.testhosts import TestHosts
@@ -135,3 +136,64 @@ def test_ct200_units_open_the_nvidia_nodes_and_nothing_else(testhosts: TestHosts
         testhosts.ssh(HOST, f"systemctl reset-failed {unit}; rm -rf {' '.join(created)}; systemctl daemon-reload",
                       check=False)
     print(f"device allow list on {HOST}: {time.monotonic() - t0:.1f} s")
+
+
+AFFINITY = PROBE.replace('print("device-probe " + json.dumps({"uid": os.getuid(), "open": result}), flush=True)',
+                         'print("device-probe " + json.dumps({"uid": os.getuid(), "open": result, '
+                         '"cpus": sorted(os.sched_getaffinity(0))}), flush=True)')
+
+
+def test_a_packed_unit_opens_only_its_slots_gpu_and_runs_on_its_cpus(testhosts: TestHosts, tmp_path: Path) -> None:
+    """Four GPU nodes; the unit of a config packed into slot 2 (GPU 2, CPU 1) gets the agent's runtime drop-in:
+    GPU 2 and the shared control nodes open (ENXIO, no driver), GPUs 0, 1 and 3 refused (EPERM), the process on
+    CPU 1 alone. Without the drop-in the same unit opens all four again."""
+    t0 = time.monotonic()
+    majors = passthrough.proc_devices((CAPTURES / "proc-devices.txt").read_text())
+    gpus = {f"/dev/nvidia{i}": (majors["nvidia"], i) for i in range(4)}
+    shared = {"/dev/nvidiactl": (majors["nvidia"], 255), "/dev/nvidia-uvm": (majors["nvidia-uvm"], 0)}
+    paths = [*gpus, *shared]
+    instance = f"slotprobe-{uuid.uuid4().hex[:8]}"
+    unit = f"specfleet-{CT200['bench_engine']}@{instance}.service"
+    unit_file = f"/etc/systemd/system/specfleet-{CT200['bench_engine']}@.service"
+    env_file = f"/etc/specfleet/units/{instance}.env"
+    dropin = DROPIN_DIR / f"{unit}.d" / DROPIN_NAME
+    had_unit_file = testhosts.ssh(HOST, f"test -e {unit_file}", check=False).returncode == 0
+    cpus = int(testhosts.ssh(HOST, "nproc").stdout)
+
+    def run_probe() -> dict:
+        launch = env_file_text(["/usr/bin/python3", "-c", AFFINITY, *paths], {})
+        testhosts.ssh(HOST, f"printf %s {shlex.quote(launch)} > {env_file} && chmod 0640 {env_file} && "
+                            f"systemctl reset-failed {unit}; systemctl start --wait {unit}")
+        for _ in range(50):  # journald may file the unit's last line just after the unit ended
+            journal = testhosts.ssh(HOST, f"journalctl --no-pager -o cat -u {unit}").stdout
+            found = [ln for ln in journal.splitlines() if ln.startswith("device-probe ")]
+            if found:
+                return probe_result(found[-1])
+            time.sleep(0.2)
+        raise AssertionError(f"no probe line in the journal of {unit}")
+
+    try:
+        testhosts.ssh(HOST, " && ".join(f"mknod -m 0666 {p} c {major} {minor}"
+                                        for p, (major, minor) in {**gpus, **shared}.items()))
+        args = ["tests/container_roles/bench_service.yml", "-l", HOST, "-e", f"@{role_vars(tmp_path, HOST)}"]
+        first = playbook.play(args, timeout=300)
+        assert first.rc == 0, first.out[-4000:]
+        shown = testhosts.ssh(HOST, f"systemctl show {unit} -p DeviceAllow").stdout
+        allowed = device_allow(shown)
+        assert {f"{p} rw" for p in gpus} <= set(allowed), shown
+        slot = Slot(2, (2,), "1" if cpus > 1 else "0")
+        testhosts.ssh(HOST, f"mkdir -p {dropin.parent} && printf %s {shlex.quote(slot_dropin(slot, allowed))} > "
+                            f"{dropin} && systemctl daemon-reload")
+        packed = run_probe()
+        print(f"{unit} in {slot.describe()}: {packed}")
+        assert packed["open"] == {"/dev/nvidia0": "EPERM", "/dev/nvidia1": "EPERM", "/dev/nvidia2": "ENXIO",
+                                  "/dev/nvidia3": "EPERM", "/dev/nvidiactl": "ENXIO", "/dev/nvidia-uvm": "ENXIO"}
+        assert packed["cpus"] == [int(slot.cpus)]
+        testhosts.ssh(HOST, f"rm -f {dropin} && systemctl daemon-reload")
+        alone = run_probe()
+        assert alone["open"] == {p: "ENXIO" for p in paths} and len(alone["cpus"]) == cpus
+    finally:
+        created = [*paths, env_file, str(dropin)] + ([] if had_unit_file else [unit_file])
+        testhosts.ssh(HOST, f"systemctl reset-failed {unit}; rm -rf {' '.join(created)}; systemctl daemon-reload",
+                      check=False)
+    print(f"slot confinement on {HOST}: {time.monotonic() - t0:.1f} s")

@@ -1,0 +1,201 @@
+"""Packing: the configs of a phase at once, each on its own slot (a disjoint set of GPUs, of CPUs, or both).
+
+`slots()` gives a phase its slots: none to share (one slot, the whole host) unless `pack` is on; then the
+phase's or the suite's `slots` as written, else one slot per `tp` GPUs of the host. `timeline()` lays the
+configs onto the slots as the agent runs them (the baseline alone first; each next config on the slot that
+frees first), for the plan's per-slot timelines and the suite's ETA. `neighbours()` says, after a phase,
+which configs ran beside each one and for how long.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+CPU_LIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*\Z")
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one config runs: `gpus` (indices as nvidia-smi numbers them) and `cpus` (a CPU list such as
+    "0-3,8", as taskset and systemd's AllowedCPUs= take it); empty for the whole host."""
+
+    index: int
+    gpus: Tuple[int, ...] = ()
+    cpus: str = ""
+
+    @property
+    def whole_host(self) -> bool:
+        return not self.gpus and not self.cpus
+
+    def record(self) -> Dict[str, Any]:
+        """The `slot` field of status.json."""
+        return {"index": self.index, "gpus": list(self.gpus), "cpus": self.cpus or None}
+
+    def env(self) -> Dict[str, str]:
+        """The server's environment for its GPUs: CUDA numbered like nvidia-smi (PCI bus order), these only."""
+        if not self.gpus:
+            return {}
+        return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in self.gpus)}
+
+    def describe(self) -> str:
+        parts = []
+        if self.gpus:
+            parts.append(("GPU " if len(self.gpus) == 1 else "GPUs ") + ",".join(str(g) for g in self.gpus))
+        if self.cpus:
+            parts.append(f"CPUs {self.cpus}")
+        return f"slot {self.index} ({'; '.join(parts) or 'the whole host'})"
+
+
+def cpu_list(text: str) -> List[int]:
+    """The CPUs of a list such as "0-3,8"; ValueError when it is not one."""
+    if not CPU_LIST.match(text):
+        raise ValueError(f"{text!r} is not a CPU list such as 0-3,8")
+    out: List[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        if hi and int(hi) < int(lo):
+            raise ValueError(f"{part!r}: the range runs backwards")
+        out += range(int(lo), int(hi or lo) + 1)
+    return out
+
+
+def phase_of(suite: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    return next((p for p in suite.get("phases") or () if p.get("name") == name), {})
+
+
+def slots(suite: Mapping[str, Any], phase: str, tp: int, gpu_count: int) -> List[Slot]:
+    """The slots of one phase on a host with `gpu_count` GPUs (0: none known)."""
+    if not suite.get("pack"):
+        return [Slot(0)]
+    given = phase_of(suite, phase).get("slots") or suite.get("slots") or []
+    if given:
+        return [Slot(i, tuple(s.get("gpus") or ()), str(s.get("cpus") or "")) for i, s in enumerate(given)]
+    if gpu_count >= 2 * tp:
+        return [Slot(i, tuple(range(i * tp, (i + 1) * tp))) for i in range(gpu_count // tp)]
+    return [Slot(0)]
+
+
+def problems(suite: Mapping[str, Any], gpu_count: int, prefix: str = "bench_") -> List[str]:
+    """What is wrong with the slots of every phase (the matrix checks their shape; this, what they mean)."""
+    out: List[str] = []
+    if suite.get("pack_check") and not suite.get("pack"):
+        out.append(f"{prefix}pack_check: true needs {prefix}pack: true (it measures the baseline again while the "
+                   f"other slots are busy)")
+    for n, p in enumerate(suite.get("phases") or ()):
+        where = f"{prefix}phases[{n}].slots" if p.get("slots") else f"{prefix}slots"
+        given = p.get("slots") or suite.get("slots") or []
+        tp = int(p.get("tp", 1))
+        gpus_seen: Dict[int, int] = {}
+        cpus_seen: Dict[int, int] = {}
+        for i, s in enumerate(given):
+            gpus = list(s.get("gpus") or ())
+            if gpus and len(gpus) != tp:
+                out.append(f"{where}[{i}].gpus: {len(gpus)} GPU(s) {gpus}, but phase {p['name']} runs tp {tp}: "
+                           f"a slot holds exactly tp GPUs")
+            for g in gpus:
+                if gpu_count and g >= gpu_count:
+                    out.append(f"{where}[{i}].gpus: GPU {g} does not exist (the host has {gpu_count}: 0-"
+                               f"{gpu_count - 1})")
+                if g in gpus_seen:
+                    out.append(f"{where}[{i}].gpus: GPU {g} is also in slot {gpus_seen[g]}; slots are disjoint")
+                gpus_seen.setdefault(g, i)
+            if gpus and not gpu_count:
+                out.append(f"{where}[{i}].gpus: the host has no GPUs ({prefix}gpu_count 0); name cpus instead")
+            if s.get("cpus") not in (None, ""):
+                try:
+                    cpus = cpu_list(str(s["cpus"]))
+                except ValueError as exc:
+                    out.append(f"{where}[{i}].cpus: {exc}")
+                    continue
+                for c in cpus:
+                    if c in cpus_seen:
+                        out.append(f"{where}[{i}].cpus: CPU {c} is also in slot {cpus_seen[c]}; slots are disjoint")
+                        break
+                    cpus_seen.setdefault(c, i)
+            if not gpus and s.get("cpus") in (None, ""):
+                out.append(f"{where}[{i}]: names neither gpus nor cpus")
+        if given and len({bool(s.get('gpus')) for s in given}) > 1:
+            out.append(f"{where}: some slots name GPUs and some do not; every slot of a GPU phase needs its GPUs")
+    return out
+
+
+PACK_SUFFIX = "-packed"
+
+
+def check_copy(base: Mapping[str, Any]) -> Dict[str, Any]:
+    """The pack check of a phase's baseline: the same config measured again while the other slots are busy."""
+    return {**base, "config_id": base["config_id"] + PACK_SUFFIX, "pack_check_of": base["config_id"]}
+
+
+@dataclass(frozen=True)
+class Placed:
+    """One config on the timeline: its slot and estimated start and end, seconds from the suite's start."""
+
+    config_id: str
+    phase: str
+    slot: Slot
+    start_s: float
+    end_s: float
+
+
+def phase_order(configs: Sequence[Mapping[str, Any]]) -> List[Tuple[str, List[Mapping[str, Any]]]]:
+    """The configs grouped by phase, in the order phases first appear."""
+    out: List[Tuple[str, List[Mapping[str, Any]]]] = []
+    for cfg in configs:
+        if not out or out[-1][0] != cfg["phase"]:
+            out.append((cfg["phase"], []))
+        out[-1][1].append(cfg)
+    return out
+
+
+def split(group: Sequence[Mapping[str, Any]]) -> Tuple[Optional[Mapping[str, Any]], List[Mapping[str, Any]]]:
+    """A phase's baseline (run alone, first) and the configs packed after it: the pack check first (it starts
+    with the first neighbours), then the longest first (the phase ends sooner than in matrix order)."""
+    base = next((c for c in group if c["method"] == "autoregressive" and not c.get("pack_check_of")), None)
+    rest = [c for c in group if c is not base]
+    rest.sort(key=lambda c: (not c.get("pack_check_of"), -float(c.get("estimate_s") or 0)))
+    return base, rest
+
+
+def timeline(configs: Sequence[Mapping[str, Any]], phase_slots: Mapping[str, List[Slot]]) -> List[Placed]:
+    """Every config's estimated place: phase after phase; in a phase the baseline alone on the first slot, then
+    each next config on the slot that frees first (the agent's order)."""
+    out: List[Placed] = []
+    t = 0.0
+    for phase, group in phase_order(configs):
+        pool = phase_slots.get(phase) or [Slot(0)]
+        base, rest = split(group) if len(pool) > 1 else (None, list(group))
+        if base is not None:
+            out.append(Placed(base["config_id"], phase, pool[0], t, t + base["estimate_s"]))
+            t += base["estimate_s"]
+        free = [t] * len(pool)
+        for cfg in rest:
+            i = min(range(len(pool)), key=lambda k: (free[k], k))
+            out.append(Placed(cfg["config_id"], phase, pool[i], free[i], free[i] + cfg["estimate_s"]))
+            free[i] += cfg["estimate_s"]
+        t = max(free)
+    return out
+
+
+def overlap(a: Optional[Sequence[float]], b: Optional[Sequence[float]]) -> float:
+    """Seconds two [from, to] windows share."""
+    if not a or not b:
+        return 0.0
+    return max(0.0, min(a[1], b[1]) - max(a[0], b[0]))
+
+
+def neighbours(spans: Mapping[str, Mapping[str, Any]]) -> Dict[str, List[Dict[str, Any]]]:
+    """Per config, the others whose servers were up at the same time: {config_id, slot, overlap_s,
+    timed_overlap_s}. `spans` holds per config its slot index, `up` [from, to] and `timed` [from, to] (epoch
+    seconds; timed None when no timed request ran)."""
+    out: Dict[str, List[Dict[str, Any]]] = {}
+    for cid, mine in spans.items():
+        near = []
+        for other, theirs in spans.items():
+            shared = overlap(mine["up"], theirs["up"]) if other != cid else 0.0
+            if shared > 0:
+                near.append({"config_id": other, "slot": theirs["slot"], "overlap_s": round(shared, 3),
+                             "timed_overlap_s": round(overlap(mine.get("timed"), theirs.get("timed")), 3)})
+        out[cid] = sorted(near, key=lambda n: n["config_id"])
+    return out
