@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     write_json(host_dir / "agent.json", state)
     try:
         rc = Suite(plan, root, force=args.force, invocation=args.invocation,
-                   skip_unsupported=args.skip_unsupported).run()
+                   skip_unsupported=args.skip_unsupported, cache=Path(args.results).parent / "cache").run()
         state.update(state="finished", finished_at=now_iso())
         return rc
     except BaseException as exc:

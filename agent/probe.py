@@ -4,9 +4,15 @@ accepts) and version, the model folders' `config.json` and weight sizes, and the
 Standard library only and without package-relative imports: the plan sends this file's text to the host as
 `python3 -c <text> <json>` (nothing is written there, so plan and check mode can use it) and reads back one
 JSON object. The agent imports the help parser from here too, so flags are read one way.
+
+Reading `--help` imports the whole engine (seconds). What it says is kept on the host, by the agent, in
+`<host_dir>/cache/engine-help-<key>.json`, the key naming the engine's Python, module and version and its
+package's Python files (how many, the newest modification): a rebuilt engine (a new commit checked out under the
+same version) is read again; an unchanged one is not.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import subprocess
@@ -18,13 +24,25 @@ FLAG = re.compile(r"(?<![\w-])--[A-Za-z0-9][A-Za-z0-9_-]*")
 # argparse's rendering of `choices`: "--speculative-algorithm {EAGLE,EAGLE3,NGRAM}"
 CHOICES = re.compile(r"(?<![\w-])(--[A-Za-z0-9][A-Za-z0-9_-]*)[ =]\{([^{}\s]+)\}")
 
-VERSION = (
-    "import importlib.metadata as m, sys\n"
-    "for d in sys.argv[1:]:\n"
+# Run by the engine's Python: its distribution's version and what identifies the installed package's code
+# (found without importing it).
+IDENTITY = (
+    "import importlib.metadata as m, importlib.util as u, json, os, sys\n"
+    "out = {'version': None, 'package': None, 'py_files': 0, 'newest_ns': 0}\n"
+    "for d in sys.argv[2:]:\n"
     "    try:\n"
-    "        print(m.version(d)); break\n"
+    "        out['version'] = m.version(d); break\n"
     "    except m.PackageNotFoundError:\n"
     "        pass\n"
+    "spec = u.find_spec(sys.argv[1].split('.')[0])\n"
+    "for top in (spec.submodule_search_locations or []) if spec else []:\n"
+    "    out['package'] = top\n"
+    "    for root, _, files in os.walk(top):\n"
+    "        for f in files:\n"
+    "            if f.endswith('.py'):\n"
+    "                out['py_files'] += 1\n"
+    "                out['newest_ns'] = max(out['newest_ns'], os.stat(os.path.join(root, f)).st_mtime_ns)\n"
+    "print(json.dumps(out))\n"
 )
 
 
@@ -73,14 +91,48 @@ def read_help(python: str, module: str, env: Optional[Mapping[str, str]] = None,
     return flags, help_choices(text)
 
 
-def engine(python: str, module: str, dists: Sequence[str], env: Optional[Mapping[str, str]] = None,
-           timeout: float = 600) -> Dict[str, Any]:
-    """The engine's version and `--help` as flags and choices, or why they could not be read."""
-    out: Dict[str, Any] = {"python": python, "module": module, "version": None}
+def identity(python: str, module: str, dists: Sequence[str], env: Optional[Mapping[str, str]] = None
+             ) -> Dict[str, Any]:
+    """The engine's version and the identity of its code, with `key` (what its cached help is filed under)."""
+    res = subprocess.run([python, "-c", IDENTITY, module, *dists], capture_output=True, text=True, timeout=120,
+                         env=None if env is None else dict(env))
     try:
-        ver = subprocess.run([python, "-c", VERSION, *dists], capture_output=True, text=True, timeout=120,
-                             env=None if env is None else dict(env))
-        out["version"] = ver.stdout.strip() or None
+        out = json.loads(res.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"version": None, "key": None}
+    named = json.dumps({"python": python, "module": module, **out}, sort_keys=True)
+    out["key"] = hashlib.sha256(named.encode()).hexdigest()[:20] if out.get("package") else None
+    return out
+
+
+def cache_path(cache: str, key: str) -> Path:
+    return Path(cache) / f"engine-help-{key}.json"
+
+
+def cached(cache: Optional[str], key: Optional[str]) -> Optional[Dict[str, Any]]:
+    """The help kept under `key`, when there is one and it holds flags."""
+    if not cache or not key:
+        return None
+    try:
+        data = json.loads(cache_path(cache, key).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("flags") else None
+
+
+def engine(python: str, module: str, dists: Sequence[str], env: Optional[Mapping[str, str]] = None,
+           timeout: float = 600, cache: Optional[str] = None) -> Dict[str, Any]:
+    """The engine's version and `--help` as flags and choices (from the host's cache when this very engine was
+    read before: `cached` names the file), or why they could not be read."""
+    out: Dict[str, Any] = {"python": python, "module": module, "version": None, "key": None}
+    try:
+        ident = identity(python, module, dists, env)
+        out.update(version=ident.get("version"), key=ident.get("key"))
+        kept = cached(cache, out["key"])
+        if kept:
+            out.update(flags=kept["flags"], choices=kept.get("choices") or {},
+                       cached=str(cache_path(str(cache), out["key"])))
+            return out
         flags, choices = read_help(python, module, env, timeout)
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
         out["error"] = str(exc) if isinstance(exc, RuntimeError) else f"{type(exc).__name__}: {exc}"
@@ -117,9 +169,11 @@ def gpu_memory_mib() -> Optional[int]:
 
 
 def probe(request: Mapping[str, Any]) -> Dict[str, Any]:
-    """{engine: {python, module, dists, env}, models: {key: path}} → what the host says about each."""
+    """{engine: {python, module, dists, env}, models: {key: path}, cache: folder} → what the host says about
+    each."""
     e = request["engine"]
-    return {"engine": engine(e["python"], e["module"], e.get("dists", []), e.get("env")),
+    return {"engine": engine(e["python"], e["module"], e.get("dists", []), e.get("env"),
+                             cache=request.get("cache")),
             "models": {k: model(p) for k, p in (request.get("models") or {}).items() if p},
             "gpu_memory_mib": gpu_memory_mib()}
 

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Mapping, Optional, Set
 from . import fingerprint, gpu, pack, probe
 from .classify import Reason
 from .config import Host, config_digest, run_config, server_env, skip
-from .engines import ENGINES
+from .engines import DISTRIBUTIONS, ENGINES
 from .pack import Slot
 from .records import Event, Outcome
 from .store import HostStore, read_json, write_json
@@ -57,9 +57,10 @@ class Suite:
     """Runs the configs of one plan on this host."""
 
     def __init__(self, plan: Dict[str, Any], root: Path, force: bool = False, invocation: str = "",
-                 skip_unsupported: bool = False) -> None:
+                 skip_unsupported: bool = False, cache: Optional[Path] = None) -> None:
         self.plan = plan
         self.force = force
+        self.cache = cache  # where the engine's help is kept between runs (agent.probe)
         suite = plan["suite"]
         self.host = Host(suite=suite, engine=ENGINES[suite["engine"]],
                          store=HostStore(root, plan["host"], invocation), skip_unsupported=skip_unsupported)
@@ -67,6 +68,7 @@ class Suite:
         if (known.get("flags") and known.get("python") == suite["engine_python"]
                 and known.get("module") == self.host.engine.module):
             self.host.flags, self.host.choices = set(known.get("flags") or ()), dict(known.get("choices") or {})
+        self.help_key: Optional[str] = known.get("key") if self.host.flags is not None else None
 
     def prepare(self) -> None:
         """Host facts, the GPUs' idle memory, and no engine unit left from an agent that was killed."""
@@ -75,13 +77,10 @@ class Suite:
         host.engine_info = info["engine"]
         host.gpu_count = info["gpus"]["count"]
         if host.flags is None:  # read once here, so that host.json records what this engine accepts
-            env = server_env({"env": {k: str(v) for k, v in (host.suite.get("env") or {}).items()}})
-            try:
-                host.flags, host.choices = probe.read_help(host.suite["engine_python"], host.engine.module, env)
-            except (OSError, RuntimeError, subprocess.TimeoutExpired):
-                pass  # each config's preflight asks again and records engine_unavailable with the cause
+            self.read_help()
         if host.flags is not None:  # a later plan reads it when the host cannot be asked
             info["engine"]["help"] = {"flags": sorted(host.flags), "choices": host.choices}
+            self.keep_help()
         write_json(store.dir / "host.json", info)
         rows = gpu.parse_query_csv(gpu.query() or "")
         host.idle_gpu = gpu.used_by_index(rows)
@@ -90,6 +89,35 @@ class Suite:
         if host.suite.get("backend") == "systemd":
             for unit in stop_leftover_units(host.engine.name):
                 store.event(Event.LEFTOVER_UNIT_STOPPED, unit=unit)
+
+    def read_help(self) -> None:
+        """The engine's flags from the host's cache, else from its `--help` (a failure is left to each config's
+        preflight, which asks again and records engine_unavailable with the cause)."""
+        host = self.host
+        env = server_env({"env": {k: str(v) for k, v in (host.suite.get("env") or {}).items()}})
+        dists = DISTRIBUTIONS[host.engine.name]
+        try:
+            self.help_key = probe.identity(host.suite["engine_python"], host.engine.module, dists, env).get("key")
+            kept = probe.cached(str(self.cache) if self.cache else None, self.help_key)
+            if kept:
+                host.flags, host.choices = set(kept["flags"]), dict(kept.get("choices") or {})
+            else:
+                host.flags, host.choices = probe.read_help(host.suite["engine_python"], host.engine.module, env)
+        except (OSError, RuntimeError, subprocess.TimeoutExpired):
+            pass
+
+    def keep_help(self) -> None:
+        """The engine's flags into the host's cache, for the next plan and run (once per engine build)."""
+        if self.cache is None or not self.help_key or probe.cached(str(self.cache), self.help_key):
+            return
+        try:
+            self.cache.mkdir(parents=True, exist_ok=True)
+            write_json(probe.cache_path(str(self.cache), self.help_key),
+                       {"python": self.host.suite["engine_python"], "module": self.host.engine.module,
+                        "version": self.host.engine_info.get("version"), "flags": sorted(self.host.flags or ()),
+                        "choices": self.host.choices})
+        except OSError:
+            pass  # a cache that cannot be written costs the next run one --help, nothing else
 
     def slots(self, phase: str, tp: int) -> List[Slot]:
         return pack.slots(self.plan["suite"], phase, tp, self.host.gpu_count or int(self.plan["suite"].get(

@@ -71,7 +71,7 @@ def engine_help(answer: Any) -> dict[str, Any] | None:
     eng = (parse(answer)[0] or {}).get("engine") or {}
     if eng.get("error") or not eng.get("flags"):
         return None
-    return {k: eng.get(k) for k in ("python", "module", "version", "flags", "choices")}
+    return {k: eng.get(k) for k in ("python", "module", "version", "flags", "choices", "key")}
 
 
 def assess(configs: list[dict[str, Any]], answer: Any, engine: str, gpu_memory_mib: int,

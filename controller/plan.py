@@ -282,12 +282,14 @@ def packed_lines(configs: list[dict[str, Any]], suite: Mapping[str, Any]) -> lis
 Ask = Callable[[str, dict[str, Any]], dict[str, Any]]
 
 
-def probe_request(suite: Mapping[str, Any]) -> dict[str, Any]:
-    """What `agent.probe` is asked on the host: the engine's interpreter, module and distributions, the models."""
+def probe_request(suite: Mapping[str, Any], host_dir: str | None = None) -> dict[str, Any]:
+    """What `agent.probe` is asked on the host: the engine's interpreter, module and distributions, the models, and
+    where the agent keeps the engine's help it read before."""
     engine = ENGINES[suite["engine"]]
     models = {k: suite[k]["path"] for k in ("model", "draft_model") if isinstance(suite.get(k), dict)}
     return {"engine": {"python": suite["engine_python"], "module": engine.module,
-                       "dists": DISTRIBUTIONS[engine.name]}, "models": models}
+                       "dists": DISTRIBUTIONS[engine.name]}, "models": models,
+            "cache": f"{host_dir.rstrip('/')}/cache" if host_dir else None}
 
 
 def build(args: dict[str, Any], task_vars: dict[str, Any], ask: Ask | None = None) -> dict[str, Any]:
@@ -312,7 +314,7 @@ def build(args: dict[str, Any], task_vars: dict[str, Any], ask: Ask | None = Non
     estimate.apply(configs, hidden.suite["estimate"], evidence)
     answer: Any = {"skipped": True}
     if ask is not None and switch("probe", args.get("probe", True), problems) and configs:
-        answer = ask(str(args.get("agent_python") or "python3"), probe_request(hidden.suite))
+        answer = ask(str(args.get("agent_python") or "python3"), probe_request(hidden.suite, args.get("host_dir")))
     earlier = hostcheck.recorded(Path(args["results"]), host) if args.get("results") else None
     checks = hostcheck.assess(configs, answer, hidden.suite["engine"], hidden.suite["gpu_memory_mib"], earlier)
     unsupported = {cid: ch.unsupported for cid, ch in checks.items() if ch.supported is False}

@@ -35,6 +35,8 @@ COVERED: dict[str, list[str]] = {
        for cmd in ("ansible-playbook bench.yml -l ct200", "ansible-playbook bench.yml -l ct200 -e run_id=<id>",
                    "ansible-playbook bench.yml -l ct200 -e run_id=<id> -e force=true",
                    "ansible-playbook bench.yml -l ct200 -e skip_unsupported=true")},
+    "ansible-playbook bench.yml -l ct200 -e plan=true -e bench_pack=true": [
+        "tests/playbooks/test_readme_local.py::test_plan_for_ct200_packed"],
     # as typed, ct200 is out of reach; the playbooks run for real on test hosts in test_provision_hosts.py
     "ansible-playbook playbooks/provision.yml -l ct200": [
         "tests/playbooks/test_readme_local.py::test_provisioning_unreachable_ct200_stops_at_once",

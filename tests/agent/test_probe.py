@@ -8,6 +8,7 @@ dist-info naming it `sglang` at that version; argparse renders the help exactly 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -123,3 +124,33 @@ def test_the_source_runs_as_the_plan_sends_it(tmp_path: Path) -> None:
     assert answer["gpu_memory_mib"] is None                              # no nvidia-smi on this machine
     assert sorted(p.name for p in tmp_path.rglob("*") if "__pycache__" not in p.parts) == [
         n for n in before if n != "__pycache__"]
+
+
+def test_the_help_is_kept_per_engine_build_and_read_again_when_the_code_changes(tmp_path: Path) -> None:
+    """The agent keeps what --help said (Suite.keep_help); the next probe reads it instead of importing the
+    engine, until a file of the engine's package changes (a rebuild under the same version)."""
+    from agent.engines import ENGINES
+    from agent.suite import Suite
+
+    env = fake_sglang(tmp_path / "engine", "0.5.11", V0511)
+    cache = tmp_path / "cache"
+    first = probe.engine(sys.executable, "fake_sglang.launch_server", ["sglang"], env, cache=str(cache))
+    assert first["version"] == "0.5.11" and first["key"] and "cached" not in first
+    assert "--speculative-algorithm" in first["flags"]
+    plan = {"suite": {"engine": "sglang", "engine_python": sys.executable, "env": {}}, "host": "h",
+            "engine_help": {**first, "module": ENGINES["sglang"].module}}
+    suite = Suite(plan, tmp_path / "results" / "r1", cache=cache)
+    assert suite.help_key == first["key"]
+    suite.keep_help()
+    [kept] = cache.iterdir()
+    assert kept.name == f"engine-help-{first['key']}.json"
+    again = probe.engine(sys.executable, "fake_sglang.launch_server", ["sglang"], env, cache=str(cache))
+    assert again["cached"] == str(kept) and again["flags"] == first["flags"] and again["choices"] == first["choices"]
+    # the same version rebuilt: one of its files is newer, so its help is read again
+    source = tmp_path / "engine" / "fake_sglang" / "launch_server.py"
+    os.utime(source, ns=(source.stat().st_atime_ns, source.stat().st_mtime_ns + 10**9))
+    rebuilt = probe.engine(sys.executable, "fake_sglang.launch_server", ["sglang"], env, cache=str(cache))
+    assert rebuilt["key"] != first["key"] and "cached" not in rebuilt and rebuilt["flags"] == first["flags"]
+    # a damaged file is no help: read again
+    kept.write_text('{"flags": ')
+    assert "cached" not in probe.engine(sys.executable, "fake_sglang.launch_server", ["sglang"], env, cache=str(cache))

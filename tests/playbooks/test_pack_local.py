@@ -1,0 +1,51 @@
+"""Packing for real on this machine: `bench.yml -l local` with two CPU slots of one core each and the pack check,
+the real CPU engine as every server. The baseline runs alone, then the others two at a time, each engine held by
+the kernel to its slot's core; every record names its slot and neighbours and the report marks packed cells."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+
+from .conftest import Bench, reduced_matrix
+
+CPUS = sorted(os.sched_getaffinity(0))
+pytestmark = pytest.mark.skipif(len(CPUS) < 2, reason="two CPU slots need two CPUs")
+
+
+def test_a_packed_suite_on_two_cpu_slots(bench: Bench) -> None:
+    run = "it-packed"
+    configs = [{"method": "autoregressive"}, {"method": "ngram", "num_speculative_tokens": 2},
+               {"method": "ngram", "num_speculative_tokens": 4}]
+    extra: dict[str, Any] = {**reduced_matrix(configs), "run_id": run, "bench_pack": "true",
+                             "bench_pack_check": True, "bench_slots": [{"cpus": str(c)} for c in CPUS[:2]]}
+    res = bench.run(extra, timeout=900)
+    assert res.returncode == 0, res.stdout[-4000:]
+    out = res.stdout
+    ids = ["tp1-autoregressive", "tp1-autoregressive-packed", "tp1-ngram-k2", "tp1-ngram-k4"]
+    assert f"slot 0 (CPUs {CPUS[0]}): 0:00:00-" in out and f"slot 1 (CPUs {CPUS[1]}): " in out
+    host = bench.results / run / "local"
+    status = {cid: json.loads((host / cid / "status.json").read_text()) for cid in ids}
+    assert {cid: s["status"] for cid, s in status.items()} == {cid: "ok" for cid in ids}
+    events = bench.events(run)
+    order = [(e["event"], e["config_id"]) for e in events if e["event"] in ("config_start", "config_end")]
+    assert order[:2] == [("config_start", "tp1-autoregressive"), ("config_end", "tp1-autoregressive")]
+    running = most = 0
+    for kind, _ in order:
+        running += 1 if kind == "config_start" else -1
+        most = max(most, running)
+    assert most == 2
+    for cid in ids:
+        slot = status[cid]["slot"]
+        assert slot["cpus"] == str(CPUS[slot["index"]]) and slot["cpus_seen"] == slot["cpus"], (cid, slot)
+    assert status["tp1-autoregressive"]["slot"]["index"] == 0 and status["tp1-autoregressive"]["neighbours"] == []
+    for cid in ids[1:]:
+        assert status[cid]["neighbours"], cid
+    check = status["tp1-autoregressive-packed"]
+    assert any(n["timed_overlap_s"] > 0 for n in check["neighbours"]), check["neighbours"]
+    # the progress lines name the slot of each packed config, and where it ended
+    assert f"tp1-ngram-k2  slot " in out and "tp1-autoregressive-packed (slot " in out
+    print(f"packed on CPUs {CPUS[:2]}: " + "; ".join(
+        f"{cid} slot {status[cid]['slot']['index']} wall {status[cid]['wall_s']} s" for cid in ids))
