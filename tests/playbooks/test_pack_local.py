@@ -46,6 +46,6 @@ def test_a_packed_suite_on_two_cpu_slots(bench: Bench) -> None:
     check = status["tp1-autoregressive-packed"]
     assert any(n["timed_overlap_s"] > 0 for n in check["neighbours"]), check["neighbours"]
     # the progress lines name the slot of each packed config, and where it ended
-    assert f"tp1-ngram-k2  slot " in out and "tp1-autoregressive-packed (slot " in out
+    assert "tp1-ngram-k2  slot " in out and "tp1-autoregressive-packed (slot " in out
     print(f"packed on CPUs {CPUS[:2]}: " + "; ".join(
         f"{cid} slot {status[cid]['slot']['index']} wall {status[cid]['wall_s']} s" for cid in ids))
