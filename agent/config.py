@@ -306,10 +306,12 @@ def run_config(host: Host, cfg: Mapping[str, Any], slot: Optional[Slot] = None) 
     """preflight → serve (and measure) → record; the status written. `slot`: where a packed config runs."""
     started_at, t0 = now_iso(), time.monotonic()
     result = preflight(host, cfg, slot)
+    checked_s = round(time.monotonic() - t0, 3)
     folder = fresh_folder(host.store, cfg["config_id"])
     if result is None:
         result = serve(host, cfg, folder, slot)
         result.fields["wall_s"] = round(time.monotonic() - t0, 3)
+    result.fields["preflight_s"] = checked_s
     if slot is not None and not slot.whole_host:
         seen = result.fields.pop("cpus_seen", None)
         result.fields["slot"] = {**slot.record(), **({"cpus_seen": seen} if slot.cpus else {})}

@@ -82,6 +82,11 @@ def problems(suite: Mapping[str, Any], gpu_count: int, prefix: str = "bench_") -
     if suite.get("pack_check") and not suite.get("pack"):
         out.append(f"{prefix}pack_check: true needs {prefix}pack: true (it measures the baseline again while the "
                    f"other slots are busy)")
+    packed = [p["name"] for p in suite.get("phases") or () if len(slots(suite, p["name"], int(p.get("tp", 1)),
+                                                                       gpu_count)) > 1]
+    if packed and suite.get("port"):
+        out.append(f"{prefix}port: {suite['port']} is one fixed port, but phase {packed[0]} runs configs at once "
+                   f"(bench_pack); allowed: 0 (a free port per config)")
     for n, p in enumerate(suite.get("phases") or ()):
         where = f"{prefix}phases[{n}].slots" if p.get("slots") else f"{prefix}slots"
         given = p.get("slots") or suite.get("slots") or []

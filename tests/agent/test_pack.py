@@ -65,6 +65,7 @@ def test_not_cpu_lists(text: str) -> None:
     ({"slots": [{"cpus": "3-1"}]}, 0, "bench_slots[0].cpus: '3-1': the range runs backwards"),
     ({"slots": [{"gpus": [0], "cpus": "0"}, {"cpus": "1"}]}, 8, "bench_slots: some slots name GPUs and some do not"),
     ({"pack": False, "pack_check": True}, 8, "bench_pack_check: true needs bench_pack: true"),
+    ({"port": 8000}, 8, "bench_port: 8000 is one fixed port, but phase tp1 runs configs at once"),
 ])
 def test_slot_problems_name_the_field(over: Dict[str, Any], gpus: int, expected: str) -> None:
     s = {**suite(**over), "phases": [{"name": "tp1", "tp": 1}]}

@@ -25,7 +25,6 @@ def test_a_packed_suite_on_two_cpu_slots(bench: Bench) -> None:
     assert res.returncode == 0, res.stdout[-4000:]
     out = res.stdout
     ids = ["tp1-autoregressive", "tp1-autoregressive-packed", "tp1-ngram-k2", "tp1-ngram-k4"]
-    assert f"slot 0 (CPUs {CPUS[0]}): 0:00:00-" in out and f"slot 1 (CPUs {CPUS[1]}): " in out
     host = bench.results / run / "local"
     status = {cid: json.loads((host / cid / "status.json").read_text()) for cid in ids}
     assert {cid: s["status"] for cid, s in status.items()} == {cid: "ok" for cid in ids}
