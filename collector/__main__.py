@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import shutil
 import subprocess
@@ -13,9 +14,9 @@ from pathlib import Path
 from agent.records import SCHEMA_VERSION
 from agent.store import now_iso, read_json, write_atomic, write_json
 
+from . import VS_FILE
 from .load import load_run
 from .pull import pull
-from .report import VS_FILE, ddtree_vs_dflash_csv, render
 from .verdict import FAIL_ON, judge
 
 
@@ -74,7 +75,10 @@ def report(args: argparse.Namespace) -> int:
     if not root.is_dir():
         print(f"no such run folder: {root}", file=sys.stderr)
         return 2
-    run = load_run(root)
+    # the report's modules (pandas, scipy) load here while other processes read the request lines of a large run
+    run = load_run(root, meanwhile=lambda: importlib.import_module(".report", __package__))
+    from .report import ddtree_vs_dflash_csv, render
+
     for p in run.problems:
         print(f"warning: {p}", file=sys.stderr)
     if args.write:

@@ -6,12 +6,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
 import pandas as pd
+import scipy.special  # noqa: F401  (stats' t quantile: loaded with the report, while request lines are read)
 
 from agent import records
 
-from .load import ConfigResult, Run
-from .stats import mean_std, ratio_ci
+from . import VS_FILE as VS_FILE  # re-exported: the name the tests and the CLI know it by
+from .load import NONE, ConfigResult, Run, Summary
+from .mdtable import pipe_rows, pipe_table
+from .stats import ratio_ci_of
 
 CELL = ["host", "engine", "model", "tp", *records.CELL]  # a row of the table; a spec row pairs with the baseline's
 COLUMNS = CELL + ["config_id", "method", "method_params", "n", "errors", "tok_s_mean", "tok_s_std", "speedup",
@@ -23,7 +27,6 @@ DDTREE, DFLASH = "ddtree", "dflash"
 # SGLang runs speculative decoding with overlap scheduling only under spec v2 (SGLANG_ENABLE_SPEC_V2 true) and
 # without --disable-overlap-schedule; DDTree's patch forces overlap off whatever the config says.
 NO_OVERLAP_FLAG, SPEC_V2 = "--disable-overlap-schedule", "SGLANG_ENABLE_SPEC_V2"
-VS_FILE = "report-ddtree-vs-dflash.csv"  # the comparison's CSV beside report.csv, written only when it has rows
 VS_COLUMNS = CELL + ["ddtree_config_id", "budget", "ddtree_n", "ddtree_tok_s_mean", "ddtree_tok_s_std", "speedup",
                      "speedup_ci_low", "speedup_ci_high", "ddtree_status", "dflash_config_id", "dflash_scheduling",
                      "same_path_as_ddtree", "dflash_n", "dflash_tok_s_mean", "dflash_tok_s_std", "dflash_status",
@@ -74,42 +77,36 @@ def bursts(rows: list[dict[str, Any]]) -> list[float]:
 
 
 def _samples(run: Run) -> list[dict[str, Any]]:
-    """One entry per (config, cell): its ok tok/s samples, or its failure reason."""
+    """One entry per (config, cell): its ok tok/s samples, or its failure reason. Worked out once per run."""
+    if "samples" not in run.memo:
+        run.memo["samples"] = _cell_samples(run)
+    return run.memo["samples"]
+
+
+def _cell_samples(run: Run) -> list[dict[str, Any]]:
     out = []
+    none = {"tok": NONE, "bursts": NONE, "acc_mean": None, "ttft_mean": None, "tpot_mean": None, "errors": 0,
+            "n_total": 0}
     for c in run.configs:
         ident = _identity(c)
         st = c.status.get("status")
         flags, checks = config_flags(c.status)
         if st != "ok":
-            cells = c.config.get("cells") or [{}]
-            for cell in cells:
-                out.append({**ident, **{k: cell.get(k) for k in records.CELL}, "tok": [], "acc": [], "ttft": [],
-                            "tpot": [], "rows": [], "errors": 0, "n_total": 0, "status": c.status.get("reason") or st,
-                            "flags": [], "checks": ""})
+            for cell in c.config.get("cells") or [{}]:
+                out.append({**ident, **{k: cell.get(k) for k in records.CELL}, **none,
+                            "status": c.status.get("reason") or st, "flags": [], "checks": ""})
             continue
         cells: dict[tuple[Any, ...], dict[str, Any]] = {}
-        for r in c.requests:
-            key = records.cell_key(r)
-            e = cells.setdefault(key, {**ident, **dict(zip(records.CELL, key)), "tok": [], "acc": [], "ttft": [],
-                                       "tpot": [], "rows": [], "errors": 0, "n_total": 0, "status": "ok",
-                                       "flags": list(flags), "checks": checks})
-            e["n_total"] += 1
-            e["rows"].append(r)
-            if not r["ok"]:
-                e["errors"] += 1
-                continue
-            e["tok"].append(float(r["output_tok_s"]))
-            if r.get("tpot_s") is not None:
-                e["tpot"].append(float(r["tpot_s"]))
-            if r.get("accept_length") is not None:
-                e["acc"].append(float(r["accept_length"]))
-            if r.get("ttft_s") is not None:
-                e["ttft"].append(float(r["ttft_s"]))
+        for rows in c.cells:  # the valid request lines, by cell, summed up (load.CellRows)
+            cells[rows.key] = {**ident, **dict(zip(records.CELL, rows.key)), "tok": rows.tok, "bursts": rows.bursts,
+                               "acc_mean": rows.acc_mean, "ttft_mean": rows.ttft_mean, "tpot_mean": rows.tpot_mean,
+                               "errors": rows.errors, "n_total": rows.n_total, "status": "ok", "flags": list(flags),
+                               "checks": checks}
         for cell in c.config.get("cells") or []:
             key = records.cell_key(cell)
             if key not in cells:  # listed in the config, but no valid request line for it
-                cells[key] = {**ident, **dict(zip(records.CELL, key)), "tok": [], "acc": [], "ttft": [], "tpot": [],
-                              "rows": [], "errors": 0, "n_total": 0, "status": "no_data", "flags": [], "checks": ""}
+                cells[key] = {**ident, **dict(zip(records.CELL, key)), **none, "status": "no_data", "flags": [],
+                              "checks": ""}
         out.extend(cells.values())
     return out
 
@@ -121,38 +118,41 @@ def _significant(lo: float | None, hi: float | None) -> str:
     return "faster" if lo > 1 else ("slower" if hi < 1 else "no")
 
 
+def _ratio(a: Summary, b: Summary) -> tuple[float | None, float | None]:
+    """ratio_ci of two samples, from their summaries."""
+    return ratio_ci_of(a[1:], a[0], b[1:], b[0])
+
+
 def table(run: Run) -> pd.DataFrame:
     samples = _samples(run)
     base = {tuple(s[k] for k in CELL): s["tok"] for s in samples
-            if s["method"] == "autoregressive" and s["status"] == "ok" and s["tok"]}
-    base_burst = {tuple(s[k] for k in CELL): bursts(s["rows"]) for s in samples
+            if s["method"] == "autoregressive" and s["status"] == "ok" and s["tok"][0]}
+    base_burst = {tuple(s[k] for k in CELL): s["bursts"] for s in samples
                   if s["method"] == "autoregressive" and s["status"] == "ok" and (s["concurrency"] or 1) > 1}
     rows = []
     for s in samples:
-        m, sd = mean_std(s["tok"])
+        n, m, sd = s["tok"]
         b = base.get(tuple(s[k] for k in CELL))
         speedup = lo = hi = None
         if m is not None and b:
-            bm = sum(b) / len(b)
-            speedup = m / bm
-            lo, hi = (speedup, speedup) if s["method"] == "autoregressive" else ratio_ci(s["tok"], b)
+            speedup = m / b[1]
+            lo, hi = (speedup, speedup) if s["method"] == "autoregressive" else _ratio(s["tok"], b)
         sig = _significant(lo, hi) if s["method"] != "autoregressive" else ""
-        acc = mean_std(s["acc"])[0]
         cv = sd / m if m and sd is not None else None
         flags = s["flags"] + (["noisy"] if cv is not None and cv > NOISY_CV else [])
-        burst = bursts(s["rows"]) if (s["concurrency"] or 1) > 1 else []
-        bb = base_burst.get(tuple(s[k] for k in CELL)) or []
-        bm_, bsp = mean_std(burst)[0], None
+        burst = s["bursts"] if (s["concurrency"] or 1) > 1 else NONE
+        bb = base_burst.get(tuple(s[k] for k in CELL)) or NONE
+        bm_, bsp = burst[1], None
         blo = bhi = None
-        if bm_ is not None and bb:
-            bsp = bm_ / (sum(bb) / len(bb))
-            blo, bhi = (bsp, bsp) if s["method"] == "autoregressive" else ratio_ci(burst, bb)
+        if bm_ is not None and bb[0]:
+            bsp = bm_ / bb[1]
+            blo, bhi = (bsp, bsp) if s["method"] == "autoregressive" else _ratio(burst, bb)
         rows.append({**{k: s[k] for k in CELL}, "config_id": s["config_id"], "method": s["method"],
-                     "method_params": s["method_params"], "n": len(s["tok"]), "errors": s["errors"],
+                     "method_params": s["method_params"], "n": n, "errors": s["errors"],
                      "tok_s_mean": m, "tok_s_std": sd, "speedup": speedup, "speedup_ci_low": lo,
-                     "speedup_ci_high": hi, "significant": sig, "accept_length_mean": acc,
-                     "ttft_mean_s": mean_std(s["ttft"])[0], "status": s["status"], "cv": cv,
-                     "tpot_mean_s": mean_std(s["tpot"])[0], "burst_tok_s_mean": bm_, "burst_speedup": bsp,
+                     "speedup_ci_high": hi, "significant": sig, "accept_length_mean": s["acc_mean"],
+                     "ttft_mean_s": s["ttft_mean"], "status": s["status"], "cv": cv,
+                     "tpot_mean_s": s["tpot_mean"], "burst_tok_s_mean": bm_, "burst_speedup": bsp,
                      "burst_speedup_ci_low": blo, "burst_speedup_ci_high": bhi, "flags": ",".join(flags),
                      "checks": s["checks"]})
     df = pd.DataFrame(rows, columns=COLUMNS)
@@ -203,6 +203,12 @@ def _budget(method_params: str) -> int | None:
     return budget if isinstance(budget, int) and not isinstance(budget, bool) else None
 
 
+def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """The frame's rows as dicts, each value as iterrows() gives it (it reads the same df.values)."""
+    columns = list(df.columns)
+    return [dict(zip(columns, values)) for values in df.values]
+
+
 def ddtree_vs_dflash(run: Run, df: pd.DataFrame | None = None) -> pd.DataFrame:
     """Every DDTree config against every DFlash config of the same table group (host, engine, model, tp and
     cell), one row per pair: the DDTree row's tok/s and speedup as in the table, the DFlash config's tok/s and
@@ -213,22 +219,31 @@ def ddtree_vs_dflash(run: Run, df: pd.DataFrame | None = None) -> pd.DataFrame:
     rows: list[dict[str, Any]] = []
     if df.empty:
         return pd.DataFrame(rows, columns=VS_COLUMNS)
-    tok = {(s["host"], s["config_id"], *records.cell_key(s)): s["tok"] for s in _samples(run)}
+    samples = {(s["host"], s["config_id"], *records.cell_key(s)): s["tok"] for s in _samples(run)}
     paths = {(c.host, c.config_id): scheduling(c) for c in run.configs}
-    for _, g in df.groupby(CELL, sort=False, dropna=False):
-        trees, flashes = g[g["method"] == DDTREE], g[g["method"] == DFLASH]
-        if trees.empty or flashes.empty:
+    method = df["method"].to_numpy()
+    group = df.groupby(CELL, sort=False, dropna=False).ngroup().to_numpy()  # numbered as they first appear
+    members: dict[int, list[int]] = {}
+    for i in np.flatnonzero((method == DDTREE) | (method == DFLASH)).tolist():
+        members.setdefault(int(group[i]), []).append(i)
+    values, columns = df.values, list(df.columns)
+    for g in sorted(members):
+        found = [dict(zip(columns, values[i])) for i in members[g]]
+        trees = [r for r in found if r["method"] == DDTREE]
+        flashes = sorted((r for r in found if r["method"] == DFLASH), key=lambda r: r["config_id"])
+        if not trees or not flashes:
             continue
-        trees = trees.assign(budget=[_budget(p) for p in trees["method_params"]])
-        trees = trees.sort_values(["budget", "config_id"], na_position="last", kind="stable")
-        for _, t in trees.iterrows():
-            a = tok.get((t["host"], t["config_id"], *(t[k] for k in records.CELL)), [])
-            for _, f in flashes.sort_values("config_id", kind="stable").iterrows():
-                b = tok.get((f["host"], f["config_id"], *(f[k] for k in records.CELL)), [])
+        for t in trees:
+            t["budget"] = _budget(t["method_params"])
+        trees.sort(key=lambda r: (r["budget"] is None, r["budget"] or 0, r["config_id"]))
+        for t in trees:
+            a = samples.get((t["host"], t["config_id"], *(t[k] for k in records.CELL)), NONE)
+            for f in flashes:
+                b = samples.get((f["host"], f["config_id"], *(f[k] for k in records.CELL)), NONE)
                 ratio = lo = hi = None
-                if a and b:
-                    ratio = (sum(a) / len(a)) / (sum(b) / len(b))
-                    lo, hi = ratio_ci(a, b)
+                if a[0] and b[0]:
+                    ratio = a[1] / b[1]
+                    lo, hi = _ratio(a, b)
                 path = paths.get((f["host"], f["config_id"]))
                 rows.append({**{k: t[k] for k in CELL}, "ddtree_config_id": t["config_id"], "budget": t["budget"],
                              "ddtree_n": t["n"], "ddtree_tok_s_mean": t["tok_s_mean"],
@@ -262,11 +277,16 @@ def _fmt(v: Any, digits: int = 2) -> str:
 def hand_run_lines(df: pd.DataFrame) -> list[str]:
     """Per config, one `fib: 26.4 ± 0.1 tok/s` line per cell, as the original hand-run printed."""
     lines = []
-    for (host, cid), g in df.groupby(["host", "config_id"], sort=False):
+    several_lengths = len(set(df["max_tokens"].dropna())) > 1
+    groups: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for r in _records(df):
+        if not _na(r["host"]) and not _na(r["config_id"]):  # as groupby() leaves them out
+            groups.setdefault((r["host"], r["config_id"]), []).append(r)
+    for (host, cid), g in groups.items():
         lines.append(f"{host} {cid}:")
-        for _, r in g.iterrows():
+        for r in g:
             qual = []
-            if len(set(df["max_tokens"].dropna())) > 1:
+            if several_lengths:
                 qual.append(f"{r['max_tokens']} tok")
             if not pd.isna(r["context_tokens"]) and r["context_tokens"]:
                 qual.append(f"ctx {r['context_tokens']}")
@@ -327,8 +347,11 @@ def vs_markdown(run: Run, vs: pd.DataFrame) -> list[str]:
           "DDTree ÷ DFlash tok/s for every DFlash config, each ratio with its 95% interval (as for the speedup). "
           "DDTree runs without overlap scheduling; *same path* marks the DFlash config that does too "
           f"(`{NO_OVERLAP_FLAG}` in its server arguments, or no `{SPEC_V2}` in its environment)."]
-    for key, g in vs.groupby(CELL, sort=False, dropna=False):
-        k = dict(zip(CELL, key))
+    groups: dict[int, list[dict[str, Any]]] = {}
+    for g, r in zip(vs.groupby(CELL, sort=False, dropna=False).ngroup().tolist(), _records(vs)):
+        groups.setdefault(g, []).append(r)  # numbered as they first appear
+    for g in sorted(groups):
+        k = groups[g][0]
         cell = [f"{k['workload'] if isinstance(k['workload'], str) else '(unknown cell)'}"]
         if not _na(k["max_tokens"]):
             cell.append(f"{k['max_tokens']} tok")
@@ -338,9 +361,10 @@ def vs_markdown(run: Run, vs: pd.DataFrame) -> list[str]:
             cell.append(f"c{k['concurrency']}")
         where = f" ({k['engine']}, {k['model']})" if several else ""
         md += ["", f"### {k['host']} tp{k['tp']}: {', '.join(cell)}{where}", ""]
-        flashes = g.drop_duplicates("dflash_config_id")
         columns = {}
-        for _, f in flashes.iterrows():
+        for f in groups[g]:
+            if f["dflash_config_id"] in columns:
+                continue
             same = f["same_path_as_ddtree"]
             path = ("scheduling path unknown" if _na(same) else
                     "overlap off: same path as DDTree" if same else "overlap on")
@@ -348,18 +372,21 @@ def vs_markdown(run: Run, vs: pd.DataFrame) -> list[str]:
             shown = shown or status_text(f["host"], f["dflash_config_id"], f["dflash_status"])
             md.append(f"- DFlash `{f['dflash_config_id']}`: {shown}; {path}")
             columns[f["dflash_config_id"]] = f"÷ {f['dflash_config_id']}" + (" (same path)" if same is True else "")
+        trees: dict[Any, list[dict[str, Any]]] = {}
+        for pair in groups[g]:
+            trees.setdefault(pair["ddtree_config_id"], []).append(pair)
         rows = []
-        for tid, t in g.groupby("ddtree_config_id", sort=False):
-            first = t.iloc[0]
+        for tid, pairs in trees.items():
+            first = pairs[0]
             row = {"budget": "" if _na(first["budget"]) else str(first["budget"]), "config_id": tid,
                    "tok/s": _tok_text(first["ddtree_tok_s_mean"], first["ddtree_tok_s_std"], first["ddtree_n"]),
                    "speedup": _ratio_text(first["speedup"], first["speedup_ci_low"], first["speedup_ci_high"])}
-            for _, pair in t.iterrows():
+            for pair in pairs:
                 row[columns[pair["dflash_config_id"]]] = _ratio_text(
                     pair["ddtree_over_dflash"], pair["ddtree_over_dflash_ci_low"], pair["ddtree_over_dflash_ci_high"])
             row["status"] = status_text(first["host"], tid, first["ddtree_status"])
             rows.append(row)
-        md += ["", pd.DataFrame(rows).to_markdown(index=False)]
+        md += ["", pipe_rows(rows)]
     return md
 
 
@@ -375,6 +402,28 @@ def timing(run: Run) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["host", "config_id", "status", "ready_s", "wall_s", "timed_s", "overhead_s"])
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def dumps_indented(doc: dict[str, Any]) -> str:
+    """json.dumps(doc, indent=2), the same text, sooner: Python's json writes an indented document in Python
+    code, so each list of flat objects (the table's rows, thousands of them) is written by the C encoder, one
+    object at a time, with separators that lay it out as the indented form would."""
+    if not doc:
+        return "{}"
+    parts = []
+    for key, value in doc.items():
+        if (isinstance(value, list) and value
+                and all(isinstance(v, dict) and v and all(isinstance(x, _SCALARS) for x in v.values()) for v in value)):
+            item = json.dumps  # "{" item, item "}" -> "{\n      " item ",\n      " item "\n    }"
+            objects = ("{\n      " + item(v, separators=(",\n      ", ": "))[1:-1] + "\n    }" for v in value)
+            text = "[\n    " + ",\n    ".join(objects) + "\n  ]"
+        else:
+            text = json.dumps(value, indent=2).replace("\n", "\n  ")  # one level in: every line after the first
+        parts.append(f"  {json.dumps(key)}: {text}")
+    return "{\n" + ",\n".join(parts) + "\n}"
+
+
 def render(run: Run, fmt: str) -> str:
     df = table(run)
     if fmt == "csv":
@@ -383,8 +432,8 @@ def render(run: Run, fmt: str) -> str:
         records = json.loads(df.to_json(orient="records", double_precision=6))
         hosts = json.loads(cross_host(df).to_json(orient="records", double_precision=6))
         vs = json.loads(ddtree_vs_dflash(run, df).to_json(orient="records", double_precision=6))
-        return json.dumps({"run": run.meta, "rows": records, "cross_host": hosts, "ddtree_vs_dflash": vs,
-                           "problems": run.problems}, indent=2) + "\n"
+        return dumps_indented({"run": run.meta, "rows": records, "cross_host": hosts, "ddtree_vs_dflash": vs,
+                               "problems": run.problems}) + "\n"
     md = [f"# Run {run.meta.get('run_id', run.root.name)}", ""]
     md += ["```", *hand_run_lines(df), "```", "", "## Speedup vs the autoregressive baseline", ""]
     shown = df.copy()
@@ -393,21 +442,21 @@ def render(run: Run, fmt: str) -> str:
         shown[col] = shown[col].map(_fmt)
     for col in ("ttft_mean_s", "tpot_mean_s"):
         shown[col] = shown[col].map(lambda v: _fmt(v, 3))
-    md.append(shown.drop(columns=["engine", "model", "method", "method_params", "checks"]).to_markdown(index=False))
+    md.append(pipe_table(shown.drop(columns=["engine", "model", "method", "method_params", "checks"])))
     checked = df[df["checks"].astype(bool)].drop_duplicates(["host", "config_id"])
     if not checked.empty:
         md += ["", "## Checks that did not pass", "",
                *[f"- {r['host']} {r['config_id']} [{r['flags']}]: {r['checks']}" for _, r in checked.iterrows()]]
     hosts = cross_host(df)
     if not hosts.empty:
-        md += ["", "## Across hosts", "", hosts.to_markdown(index=False, floatfmt=".2f")]
+        md += ["", "## Across hosts", "", pipe_table(hosts, floatfmt=".2f")]
     vs = vs_markdown(run, ddtree_vs_dflash(run, df))
     if vs:
         md += ["", *vs]
     t = timing(run)
     if not t.empty:
         md += ["", "## Time per config (seconds)", "",
-               t.to_markdown(index=False, floatfmt=".1f")]
+               pipe_table(t, floatfmt=".1f")]
     if run.problems:
         md += ["", "## Problems in the results (skipped)", "", *[f"- {p}" for p in run.problems]]
     return "\n".join(md) + "\n"
