@@ -4,13 +4,17 @@ and prints best and median wall seconds against the target.
 
 The run: one host, three phases (tp 1, 2, 4), each a baseline and seven speculative configs (DFlash with and
 without overlap scheduling, DDTree at three budgets, n-gram, a draft model) over 144 cells (6 workloads x 2
-max_tokens x 3 context lengths x concurrency 1, 2, 4, 8); one config failed (oom) with no rows. Repetitions
+max_tokens x 3 context lengths x concurrency 1, 2, 4, 8); one config failed (oom) with no rows. With --packed,
+each phase is packed: its configs carry slots and neighbours, and a pack check measures the baseline again. Repetitions
 are set so the rows add up to exactly --rows. Rows carry every field the agent writes (agent/records.py REQUEST,
 written as agent.store.write_jsonl writes them), about 0.3% failed requests, and --damaged broken lines (a
 truncated line, a missing field, a wrong type), which the report must skip and name.
 
-Usage: python benchmarks/report_scale.py [--rows N] [--out DIR] [--repeat 3] [--formats md,csv,json]
-       [--keep] [--save-outputs DIR]
+Usage: python benchmarks/report_scale.py [--rows N] [--damaged 3] [--packed] [--out DIR [--reuse]] [--repeat 3]
+       [--formats md,csv,json] [--keep] [--save-outputs DIR]
+
+Reading a million lines within the target takes msgspec (see collector/load.py); without it the collector reads
+them line by line, the same way and several times slower.
 """
 from __future__ import annotations
 
@@ -57,21 +61,39 @@ def cells() -> List[Dict[str, Any]]:
             for w in WORKLOADS for m in MAX_TOKENS for c in CONTEXT for k in CONCURRENCY]
 
 
-def configs() -> List[Dict[str, Any]]:
+def configs(packed: bool = False) -> List[Dict[str, Any]]:
+    """Every config; with `packed`, each phase also has its pack check (the baseline again, beside the others)."""
     out = []
     for tp in TPS:
         for label, method, params, speed, accept, args, env in METHODS:
             out.append({"config_id": f"tp{tp}-{label}", "phase": f"tp{tp}", "tp": tp, "method": method,
                         "method_params": params, "speed": speed, "accept": accept, "server_args": args,
                         "environment": {"HF_HUB_OFFLINE": "1", **env}})
+            if packed and method == "autoregressive":
+                out.append({**out[-1], "config_id": f"tp{tp}-{label}-packed", "speed": 0.97,
+                            "pack_check_of": f"tp{tp}-{label}"})
     return out
+
+
+def packing(cfgs: List[Dict[str, Any]], cfg: Dict[str, Any]) -> Dict[str, Any]:
+    """status.json's slot and neighbours of a packed phase's config (the baseline ran alone: none): four slots of
+    one GPU each, every other non-baseline config of the phase up beside it, most of them measuring too."""
+    mates = [c for c in cfgs if c["phase"] == cfg["phase"] and c["config_id"] != FAILED
+             and not (c["method"] == "autoregressive" and "pack_check_of" not in c)]
+    if cfg not in mates:
+        return {}
+    slot = mates.index(cfg) % 4
+    return {"slot": {"index": slot, "gpus": [slot], "cpus": None},
+            "neighbours": [{"config_id": c["config_id"], "slot": i % 4, "overlap_s": 600.0 + i,
+                            "timed_overlap_s": 0.0 if i % 3 == 2 else 450.0 + i}
+                           for i, c in enumerate(mates) if c is not cfg]}
 
 
 def repetitions(rows: int, cfgs: List[Dict[str, Any]], cell_list: List[Dict[str, Any]]) -> Dict[Tuple[str, int], int]:
     """Repetitions per (config, cell index) so that the request rows add up to exactly `rows`."""
     measured = [c for c in cfgs if c["config_id"] != FAILED]
     per_rep = len(measured) * sum(c["concurrency"] for c in cell_list)
-    base = max(rows // per_rep, 1)
+    base = rows // per_rep
     reps = {(c["config_id"], i): base for c in measured for i in range(len(cell_list))}
     left = rows - base * per_rep
     while left > 0:
@@ -162,9 +184,9 @@ def write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
-def build(run_dir: Path, rows: int, damaged: int, seed: int = 1) -> Dict[str, Any]:
+def build(run_dir: Path, rows: int, damaged: int, seed: int = 1, packed: bool = False) -> Dict[str, Any]:
     """Writes the run; returns what it holds."""
-    cell_list, cfgs = cells(), configs()
+    cell_list, cfgs = cells(), configs(packed)
     reps = repetitions(rows, cfgs, cell_list)
     rng = random.Random(seed)
     write_json(run_dir / "run.json", {"run_id": run_dir.name, "started_at": "2026-12-01T10:00:00+00:00",
@@ -191,7 +213,8 @@ def build(run_dir: Path, rows: int, damaged: int, seed: int = 1) -> Dict[str, An
             "server_args": cfg["server_args"], "sampling": {"temperature": 0, "ignore_eos": True},
             "warmup_max_tokens": 16, "cells": cfg_cells,
             "requests": sum(c["repetitions"] * c["concurrency"] for c in cfg_cells), "command": command,
-            "environment": cfg["environment"]})
+            "environment": cfg["environment"], **({"pack_check_of": cfg["pack_check_of"]} if "pack_check_of" in cfg
+                                                  else {})})
         n = n_ok = 0
         clock = [0.0]
         if not failed:
@@ -217,7 +240,7 @@ def build(run_dir: Path, rows: int, damaged: int, seed: int = 1) -> Dict[str, An
                   "2026-12-01T10:00:00+00:00", "finished_at": "2026-12-01T11:00:00+00:00",
                   "ready_s": None if failed else 55.0, "requests": n, "requests_ok": n_ok, "port": 30000,
                   "timed_s": round(clock[0], 3), "stop_s": 3.0, "wall_s": round(clock[0] + 80.0, 3),
-                  "counters": {"verdict": "ok"}, "order_seed": 7}
+                  "counters": {"verdict": "ok"}, "order_seed": 7, **(packing(cfgs, cfg) if packed else {})}
         write_json(d / "status.json", status)
         (d / "server.log").write_text("INFO The server is fired up and ready to roll!\n")
     return {"rows": written, "damaged": bad, "configs": len(cfgs), "cells": len(cell_list),
@@ -248,6 +271,7 @@ def main(argv: List[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=1_000_000, help="request rows in the run (default 1,000,000)")
     p.add_argument("--damaged", type=int, default=3, help="broken lines added (default 3)")
+    p.add_argument("--packed", action="store_true", help="packed phases: slots, neighbours and a pack check each")
     p.add_argument("--out", help="build the run here (a new folder; kept); default: a temporary folder")
     p.add_argument("--reuse", action="store_true", help="time the run already at --out instead of building it")
     p.add_argument("--repeat", type=int, default=3, help="timed runs per format (default 3)")
@@ -271,7 +295,7 @@ def main(argv: List[str] | None = None) -> int:
             if run_dir.exists():
                 raise SystemExit(f"{run_dir} exists; give a new folder, or --reuse")
             t0 = time.perf_counter()
-            facts = build(run_dir, args.rows, args.damaged)
+            facts = build(run_dir, args.rows, args.damaged, packed=args.packed)
             print(f"built {run_dir} in {time.perf_counter() - t0:.0f} s: {facts['rows']:,} request rows "
                   f"(+{facts['damaged']} damaged lines) in {facts['configs']} configs x {facts['cells']} cells, "
                   f"{facts['bytes'] / 1e6:.0f} MB of requests.jsonl")

@@ -1,3 +1,5 @@
 """The controller-side collector: reads a run's results and computes the speedup table."""
 
-VS_FILE = "report-ddtree-vs-dflash.csv"  # the DDTree/DFlash comparison's CSV beside report.csv, only when it has rows
+# The report's other CSVs, beside report.csv, each written only when it has rows:
+VS_FILE = "report-ddtree-vs-dflash.csv"  # every DDTree budget against every DFlash config of a cell
+PACK_FILE = "report-pack-check.csv"  # each packed phase's baseline measured alone against measured packed

@@ -14,7 +14,7 @@ from pathlib import Path
 from agent.records import SCHEMA_VERSION
 from agent.store import now_iso, read_json, write_atomic, write_json
 
-from . import VS_FILE
+from . import PACK_FILE, VS_FILE
 from .load import load_run
 from .pull import pull
 from .verdict import FAIL_ON, judge
@@ -77,18 +77,19 @@ def report(args: argparse.Namespace) -> int:
         return 2
     # the report's modules (pandas, scipy) load here while other processes read the request lines of a large run
     run = load_run(root, meanwhile=lambda: importlib.import_module(".report", __package__))
-    from .report import ddtree_vs_dflash_csv, render
+    from .report import ddtree_vs_dflash_csv, pack_check_csv, render
 
     for p in run.problems:
         print(f"warning: {p}", file=sys.stderr)
     if args.write:
         for fmt in ("md", "csv", "json"):
             write_atomic(root / f"report.{fmt}", render(run, fmt).encode())
-        vs = ddtree_vs_dflash_csv(run)
-        if vs is None:  # no DDTree and DFlash in one group (any more): no file, not an empty one
-            (root / VS_FILE).unlink(missing_ok=True)
-        else:
-            write_atomic(root / VS_FILE, vs.encode())
+        # no DDTree and DFlash in one group, no pack check (any more): no file, not an empty one
+        for name, text in ((VS_FILE, ddtree_vs_dflash_csv(run)), (PACK_FILE, pack_check_csv(run))):
+            if text is None:
+                (root / name).unlink(missing_ok=True)
+            else:
+                write_atomic(root / name, text.encode())
     sys.stdout.write(render(run, args.format))
     return 0
 
@@ -109,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("report", help="print the speedup table of a run")
     r.add_argument("run_dir")
     r.add_argument("--format", choices=("md", "csv", "json"), default="md")
-    r.add_argument("--write", action="store_true", help="also write report.md/.csv/.json into the run folder, and "
-                   f"{VS_FILE} when DDTree and DFlash share a cell")
+    r.add_argument("--write", action="store_true", help="also write report.md/.csv/.json into the run folder, "
+                   f"{VS_FILE} when DDTree and DFlash share a cell, and {PACK_FILE} when a packed phase has a "
+                   "pack check")
     r.set_defaults(func=report)
     s = sub.add_parser("stamp", help="record the start or end of a session of a run in run.json")
     s.add_argument("run_dir")

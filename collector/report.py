@@ -1,6 +1,8 @@
 """The speedup table: one row per (host, engine, model, tp, workload, max_tokens, context_tokens,
-concurrency, method + params), each spec row paired with its autoregressive baseline; and, where a table
-group holds both, every DDTree budget against every DFlash config."""
+concurrency, method + params), each spec row paired with its autoregressive baseline; where a table
+group holds both, every DDTree budget against every DFlash config; and, for a packed phase, its baseline
+measured alone against the same baseline measured again while the phase's other configs ran beside it (the pack
+check, which is never a baseline nor a row of the table)."""
 from __future__ import annotations
 
 import json
@@ -11,8 +13,10 @@ import pandas as pd
 import scipy.special  # noqa: F401  (stats' t quantile: loaded with the report, while request lines are read)
 
 from agent import records
+from agent.pack import PACK_SUFFIX
 
-from . import VS_FILE as VS_FILE  # re-exported: the name the tests and the CLI know it by
+from . import PACK_FILE as PACK_FILE  # re-exported: the names the tests and the CLI know them by
+from . import VS_FILE as VS_FILE
 from .load import NONE, ConfigResult, Run, Summary
 from .mdtable import pipe_rows, pipe_table
 from .stats import ratio_ci_of
@@ -27,6 +31,10 @@ DDTREE, DFLASH = "ddtree", "dflash"
 # SGLang runs speculative decoding with overlap scheduling only under spec v2 (SGLANG_ENABLE_SPEC_V2 true) and
 # without --disable-overlap-schedule; DDTree's patch forces overlap off whatever the config says.
 NO_OVERLAP_FLAG, SPEC_V2 = "--disable-overlap-schedule", "SGLANG_ENABLE_SPEC_V2"
+PACK_COLUMNS = CELL + ["baseline_config_id", "pack_check_config_id", "alone_n", "alone_tok_s_mean", "alone_tok_s_std",
+                       "alone_status", "packed_n", "packed_tok_s_mean", "packed_tok_s_std", "packed_status",
+                       "packed_over_alone", "packed_over_alone_ci_low", "packed_over_alone_ci_high",
+                       "packed_over_alone_significant", "beside"]
 VS_COLUMNS = CELL + ["ddtree_config_id", "budget", "ddtree_n", "ddtree_tok_s_mean", "ddtree_tok_s_std", "speedup",
                      "speedup_ci_low", "speedup_ci_high", "ddtree_status", "dflash_config_id", "dflash_scheduling",
                      "same_path_as_ddtree", "dflash_n", "dflash_tok_s_mean", "dflash_tok_s_std", "dflash_status",
@@ -57,7 +65,57 @@ def config_flags(status: dict[str, Any]) -> tuple[list[str], str]:
     if cold.get("outlier"):
         flags.append("cold_start")
         words.append(f"first TTFT {cold.get('first_ttft_s')} s vs cell median {cold.get('cell_median_ttft_s')} s")
+    near = status.get("neighbours")
+    if isinstance(near, list) and near:
+        flags.append("packed")
+        words.append(f"packed{_slot_text(status.get('slot'))} beside "
+                     + ", ".join(_neighbour_text(n) for n in near))
     return flags, "; ".join(words)
+
+
+def _slot_text(slot: Any) -> str:
+    """` on slot 1 (GPUs 2,3; CPUs 8-15)`, from status.json's slot; empty when it had the whole host."""
+    if not isinstance(slot, dict):
+        return ""
+    where = []
+    gpus = slot.get("gpus")
+    if isinstance(gpus, list) and gpus:
+        where.append(("GPU " if len(gpus) == 1 else "GPUs ") + ",".join(str(g) for g in gpus))
+    if slot.get("cpus"):
+        where.append(f"CPUs {slot['cpus']}")
+    return f" on slot {slot.get('index')}" + (f" ({'; '.join(where)})" if where else "")
+
+
+def _seconds(v: Any) -> str:
+    return f"{v:.1f} s" if isinstance(v, (int, float)) and not isinstance(v, bool) else "? s"
+
+
+def _neighbour_text(n: Any) -> str:
+    """`tp1-dflash (slot 1: 95.0 s up together, 80.0 s measuring together)`, from one entry of neighbours."""
+    if not isinstance(n, dict):
+        return str(n)
+    return (f"{n.get('config_id')} (slot {n.get('slot')}: {_seconds(n.get('overlap_s'))} up together, "
+            f"{_seconds(n.get('timed_overlap_s'))} measuring together)")
+
+
+def pack_checks(run: Run) -> dict[tuple[str, str], str]:
+    """(host, config_id) of each pack check -> the baseline it measures again while its phase's other configs run
+    beside it (config.json's pack_check_of). With config.json lost, an autoregressive config named
+    `<baseline>-packed` beside that baseline is taken for its pack check, so that it never stands in for the
+    baseline. Worked out once per run."""
+    if "pack_checks" not in run.memo:
+        names = {(c.host, c.config_id) for c in run.configs}
+        found = {}
+        for c in run.configs:
+            of = c.config.get("pack_check_of")
+            base = c.config_id[:-len(PACK_SUFFIX)] if c.config_id.endswith(PACK_SUFFIX) else None
+            if isinstance(of, str) and of:
+                found[(c.host, c.config_id)] = of
+            elif (not c.config and base and (c.host, base) in names
+                  and c.identity()["method"] == "autoregressive"):
+                found[(c.host, c.config_id)] = base
+        run.memo["pack_checks"] = found
+    return run.memo["pack_checks"]
 
 
 def bursts(rows: list[dict[str, Any]]) -> list[float]:
@@ -87,8 +145,9 @@ def _cell_samples(run: Run) -> list[dict[str, Any]]:
     out = []
     none = {"tok": NONE, "bursts": NONE, "acc_mean": None, "ttft_mean": None, "tpot_mean": None, "errors": 0,
             "n_total": 0}
+    checks_of = pack_checks(run)
     for c in run.configs:
-        ident = _identity(c)
+        ident = {**_identity(c), "pack_check_of": checks_of.get((c.host, c.config_id))}
         st = c.status.get("status")
         flags, checks = config_flags(c.status)
         if st != "ok":
@@ -124,7 +183,7 @@ def _ratio(a: Summary, b: Summary) -> tuple[float | None, float | None]:
 
 
 def table(run: Run) -> pd.DataFrame:
-    samples = _samples(run)
+    samples = [s for s in _samples(run) if s["pack_check_of"] is None]  # a pack check is no row and no baseline
     base = {tuple(s[k] for k in CELL): s["tok"] for s in samples
             if s["method"] == "autoregressive" and s["status"] == "ok" and s["tok"][0]}
     base_burst = {tuple(s[k] for k in CELL): s["bursts"] for s in samples
@@ -266,6 +325,104 @@ def ddtree_vs_dflash_csv(run: Run) -> str | None:
     """The comparison as CSV (the file VS_FILE), or None when the run has no group with both methods."""
     vs = ddtree_vs_dflash(run)
     return None if vs.empty else vs.to_csv(index=False, float_format="%.4f")
+
+
+def beside(status: dict[str, Any]) -> str:
+    """The configs that were in their timed requests while this one was (neighbours with timed_overlap_s > 0),
+    with those seconds: `tp1-dflash (slot 1): 80.0 s; tp1-ngram (slot 2): 12.5 s`."""
+    near = status.get("neighbours")
+    found = [n for n in near if isinstance(n, dict) and isinstance(n.get("timed_overlap_s"), (int, float))
+             and n["timed_overlap_s"] > 0] if isinstance(near, list) else []
+    return "; ".join(f"{n.get('config_id')} (slot {n.get('slot')}): {_seconds(n['timed_overlap_s'])}" for n in found)
+
+
+def _side(name: str, s: dict[str, Any] | None) -> dict[str, Any]:
+    """One side of a pack check's row: n, mean, std and status of a sample, `missing` without one."""
+    n, mean, std = s["tok"] if s else NONE
+    return {f"{name}_n": n, f"{name}_tok_s_mean": mean, f"{name}_tok_s_std": std,
+            f"{name}_status": s["status"] if s else "missing"}
+
+
+def pack_check(run: Run) -> pd.DataFrame:
+    """Each pack check against its baseline, one row per cell of either: the baseline's tok/s measured alone and
+    measured again beside the phase's other configs (mean, sample std, n, or the reason there is none),
+    packed ÷ alone with the speedup's interval for a ratio of means, and the configs that were measuring beside
+    the pack check (with the seconds they were). Empty when the run has no pack check."""
+    samples = _samples(run)
+    by_config: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for s in samples:
+        by_config.setdefault((s["host"], s["config_id"]), []).append(s)
+    status = {(c.host, c.config_id): c.status for c in run.configs}
+    rows = []
+    for (host, cid), base_id in pack_checks(run).items():
+        packed = {records.cell_key(s): s for s in by_config.get((host, cid), [])}
+        alone = {records.cell_key(s): s for s in by_config.get((host, base_id), [])}
+        near = beside(status[(host, cid)])
+        for key in dict.fromkeys([*alone, *packed]):
+            a, p = alone.get(key), packed.get(key)
+            first = a or p
+            assert first is not None
+            ratio = lo = hi = None
+            if a and p and a["tok"][0] and p["tok"][0]:
+                ratio = p["tok"][1] / a["tok"][1]
+                lo, hi = _ratio(p["tok"], a["tok"])
+            rows.append({**{k: first[k] for k in CELL}, "baseline_config_id": base_id, "pack_check_config_id": cid,
+                         **_side("alone", a), **_side("packed", p), "packed_over_alone": ratio,
+                         "packed_over_alone_ci_low": lo, "packed_over_alone_ci_high": hi,
+                         "packed_over_alone_significant": _significant(lo, hi), "beside": near})
+    out = pd.DataFrame(rows, columns=PACK_COLUMNS)
+    for col in ("tp", "max_tokens", "context_tokens", "concurrency", "alone_n", "packed_n"):
+        out[col] = out[col].astype("Int64")
+    out = out.sort_values(["host", "tp", "workload", "max_tokens", "context_tokens", "concurrency",
+                           "baseline_config_id"], na_position="last", kind="stable")
+    return out.reset_index(drop=True)
+
+
+def pack_check_csv(run: Run) -> str | None:
+    """The pack checks as CSV (the file PACK_FILE), or None when the run has none."""
+    checked = pack_check(run)
+    return None if checked.empty else checked.to_csv(index=False, float_format="%.4f")
+
+
+def _cell_text(k: dict[str, Any]) -> str:
+    """`fib, 128 tok, ctx 512, c4`: a cell in words."""
+    cell = [f"{k['workload'] if isinstance(k['workload'], str) else '(unknown cell)'}"]
+    if not _na(k["max_tokens"]):
+        cell.append(f"{k['max_tokens']} tok")
+    if not _na(k["context_tokens"]) and k["context_tokens"]:
+        cell.append(f"ctx {k['context_tokens']}")
+    if not _na(k["concurrency"]) and k["concurrency"] != 1:
+        cell.append(f"c{k['concurrency']}")
+    return ", ".join(cell)
+
+
+def pack_markdown(checked: pd.DataFrame) -> list[str]:
+    """The pack checks in markdown: what each one measured beside, then one row per cell; nothing at all when the
+    run has none."""
+    if checked.empty:
+        return []
+    md = ["## Baseline alone vs packed", "",
+          "Each packed phase's baseline is measured alone, then again (the pack check) while the phase's other "
+          "configs run beside it on the other slots. Per cell: its tok/s alone and packed (mean ± sample std, n) "
+          "and packed ÷ alone with its 95% interval (as for the speedup). Below 1, running beside the others slowed "
+          "the baseline; the table's speedups are against the baseline measured alone.", ""]
+    records_ = _records(checked)
+    for r in {(r["host"], r["pack_check_config_id"]): r for r in records_}.values():
+        near = r["beside"] or "no other config was in its timed requests at the same time"
+        md.append(f"- {r['host']} `{r['pack_check_config_id']}` (`{r['baseline_config_id']}` measured again), "
+                  f"measuring beside: {near}")
+    rows = []
+    for r in records_:
+        rows.append({"host": str(r["host"]), "tp": "" if _na(r["tp"]) else str(r["tp"]), "cell": _cell_text(r),
+                     "baseline": str(r["baseline_config_id"]),
+                     "alone tok/s": _tok_text(r["alone_tok_s_mean"], r["alone_tok_s_std"], r["alone_n"])
+                     or str(r["alone_status"]),
+                     "packed tok/s": _tok_text(r["packed_tok_s_mean"], r["packed_tok_s_std"], r["packed_n"])
+                     or str(r["packed_status"]),
+                     "packed ÷ alone": _ratio_text(r["packed_over_alone"], r["packed_over_alone_ci_low"],
+                                                   r["packed_over_alone_ci_high"]),
+                     "significant": str(r["packed_over_alone_significant"])})
+    return md + ["", pipe_rows(rows)]
 
 
 def _fmt(v: Any, digits: int = 2) -> str:
@@ -432,8 +589,9 @@ def render(run: Run, fmt: str) -> str:
         records = json.loads(df.to_json(orient="records", double_precision=6))
         hosts = json.loads(cross_host(df).to_json(orient="records", double_precision=6))
         vs = json.loads(ddtree_vs_dflash(run, df).to_json(orient="records", double_precision=6))
+        packed = json.loads(pack_check(run).to_json(orient="records", double_precision=6))
         return dumps_indented({"run": run.meta, "rows": records, "cross_host": hosts, "ddtree_vs_dflash": vs,
-                               "problems": run.problems}) + "\n"
+                               "baseline_alone_vs_packed": packed, "problems": run.problems}) + "\n"
     md = [f"# Run {run.meta.get('run_id', run.root.name)}", ""]
     md += ["```", *hand_run_lines(df), "```", "", "## Speedup vs the autoregressive baseline", ""]
     shown = df.copy()
@@ -445,8 +603,12 @@ def render(run: Run, fmt: str) -> str:
     md.append(pipe_table(shown.drop(columns=["engine", "model", "method", "method_params", "checks"])))
     checked = df[df["checks"].astype(bool)].drop_duplicates(["host", "config_id"])
     if not checked.empty:
-        md += ["", "## Checks that did not pass", "",
+        packed = checked["flags"].str.split(",").map(lambda f: "packed" in f).any()
+        md += ["", "## Checks that did not pass" + (", and packing" if packed else ""), "",
                *[f"- {r['host']} {r['config_id']} [{r['flags']}]: {r['checks']}" for _, r in checked.iterrows()]]
+    pack = pack_markdown(pack_check(run))
+    if pack:
+        md += ["", *pack]
     hosts = cross_host(df)
     if not hosts.empty:
         md += ["", "## Across hosts", "", pipe_table(hosts, floatfmt=".2f")]

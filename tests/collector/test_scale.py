@@ -18,7 +18,7 @@ from scipy import stats
 import collector.load as load
 from collector.load import load_run
 from collector.mdtable import pipe_rows, pipe_table
-from collector.report import bursts, dumps_indented, render, table
+from collector.report import bursts, dumps_indented, pack_check, render, table
 from collector.stats import mean_std, t_quantile
 from tests.collector.test_bad_results import BASE, NGRAM, write_run
 
@@ -296,3 +296,23 @@ def test_the_scale_benchmark_builds_a_valid_run_of_the_rows_asked(tmp_path: Path
         planned = sum(cell["repetitions"] * cell["concurrency"] for cell in c.config["cells"])
         assert (c.status["status"], c.count) == (("failed", 0) if c.config_id == report_scale.FAILED
                                                  else ("ok", planned))
+
+
+def test_the_scale_benchmarks_packed_run_has_its_pack_checks(tmp_path: Path) -> None:
+    """--packed: each phase's pack check has pack_check_of and no table row; every other config but the
+    baselines is flagged packed; the pack checks' section has one row per cell of each (3 phases x 144)."""
+    spec = importlib.util.spec_from_file_location("report_scale", REPO / "benchmarks" / "report_scale.py")
+    assert spec is not None and spec.loader is not None
+    report_scale = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report_scale)
+    report_scale.build(tmp_path / "run-packed", rows=2 * 26 * 540, damaged=0, packed=True)  # every cell twice
+    run = load_run(tmp_path / "run-packed")
+    df = table(run)
+    assert not any(cid.endswith("-packed") for cid in df["config_id"])
+    flagged = {cid for cid, flags in zip(df["config_id"], df["flags"]) if "packed" in flags}
+    assert flagged == {c.config_id for c in run.configs
+                       if c.config["method"] != "autoregressive" and c.status["status"] == "ok"}
+    checked = pack_check(run)
+    assert len(checked) == 3 * 144 and set(checked["baseline_config_id"]) == {
+        "tp1-autoregressive", "tp2-autoregressive", "tp4-autoregressive"}
+    assert (checked["alone_n"] > 0).all() and (checked["packed_n"] > 0).all()
