@@ -20,7 +20,7 @@ from . import fit, gpu, gpusample, probe
 from .classify import Reason, classify, tail
 from .engines import PORT, Engine
 from .measure import Endpoint, Measured, PromptError, measure
-from .pack import Slot
+from .pack import Busy, Slot
 from .records import Event, Outcome
 from .server import ProcessServer, Server, StartupFailed, connect_host, free_port
 from .store import (
@@ -57,6 +57,7 @@ class Host:
     choices: Dict[str, List[str]] = field(default_factory=dict)
     skip_unsupported: bool = False  # record configs with unknown flags skipped instead of failed
     ports: Set[int] = field(default_factory=set)  # ports of servers running now (packed configs run at once)
+    busy: Optional[Busy] = None  # in a packed phase: which configs are up and measuring
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def take_port(self) -> int:
@@ -210,7 +211,10 @@ def _serve(host: Host, cfg: Mapping[str, Any], folder: Path, port: int, slot: Op
             # GPU clocks, power, temperature and throttle reasons at 1 Hz (nothing on a host without nvidia-smi)
             indices = list(slot.gpus) if slot is not None and slot.gpus else None
             with gpusample.Sampler(folder / "gpu.jsonl", indices=indices) as gpus:
-                out = measure(cfg, identity, server, Endpoint(host.engine, port, server.host, host.headers))
+                busy = host.busy
+                wait_s = float(cfg["timeouts"]["health_s"]) if cfg.get("pack_check_of") else 0.0
+                out = measure(cfg, identity, server, Endpoint(host.engine, port, server.host, host.headers),
+                              timed=(lambda: busy.timed(cfg["config_id"], wait_s)) if busy is not None else None)
             if seen is not None:
                 out.fields["cpus_seen"] = seen
             state = gpus.summary(*out.window) if out.window else None

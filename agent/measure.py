@@ -11,8 +11,9 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, ContextManager, Dict, List, Mapping, Optional, Tuple, Union
 
 from . import client, counters, hostload, records, workloads
 from .classify import Reason, classify, tail
@@ -132,9 +133,10 @@ def cold_start(rows: List[Mapping[str, Any]], factor: float = 3.0) -> Optional[D
 
 
 def measure(cfg: Mapping[str, Any], identity: Mapping[str, Any], server: Server, ep: Endpoint,
-            seed: Optional[int] = None) -> Measured:
+            seed: Optional[int] = None, timed: Optional[Callable[[], ContextManager[float]]] = None) -> Measured:
     """Warmup, then every cell's repetitions in a shuffled order (`order`, its seed recorded), between two
-    readings of the server's counters; stops early when the server dies or hangs."""
+    readings of the server's counters; stops early when the server dies or hangs. `timed` is entered around
+    the timed requests (a packed phase's `pack.Busy`; it may wait first)."""
     built = prompts(cfg, ep)
     first = cfg["cells"][0]
     [warm], _ = burst(cfg, ep, built[(first["workload"], first["context_tokens"])], cfg["warmup_max_tokens"], 1,
@@ -144,6 +146,14 @@ def measure(cfg: Mapping[str, Any], identity: Mapping[str, Any], server: Server,
         return Measured([], reason, f"warmup request failed: {warm['error']}")
     seed = random.randrange(1 << 31) if seed is None else seed
     out = Measured([], fields={"order_seed": seed})
+    with timed() if timed is not None else nullcontext(0.0) as waited:
+        if waited:
+            out.fields["waited_for_neighbours_s"] = round(waited, 3)
+        return _timed(cfg, identity, server, ep, built, seed, out)
+
+
+def _timed(cfg: Mapping[str, Any], identity: Mapping[str, Any], server: Server, ep: Endpoint,
+           built: Dict[Tuple[str, int], Prompt], seed: int, out: Measured) -> Measured:
     before = counters.read(ep.engine, ep.port, ep.host, ep.headers)
     load0 = hostload.sample(server.owns)
     origin: Optional[float] = None

@@ -9,8 +9,11 @@ which configs ran beside each one and for how long.
 from __future__ import annotations
 
 import re
+import threading
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 CPU_LIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*\Z")
 
@@ -204,3 +207,44 @@ def neighbours(spans: Mapping[str, Mapping[str, Any]]) -> Dict[str, List[Dict[st
                              "timed_overlap_s": round(overlap(mine.get("timed"), theirs.get("timed")), 3)})
         out[cid] = sorted(near, key=lambda n: n["config_id"])
     return out
+
+
+class Busy:
+    """Which configs of a packed phase are up and which are in their timed requests, so that the pack check
+    starts its timed requests only while another slot is measuring (or once no other config is left up)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.up: Set[str] = set()
+        self.timing: Set[str] = set()
+
+    @contextmanager
+    def running(self, config_id: str) -> Iterator[None]:
+        with self.cond:
+            self.up.add(config_id)
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.up.discard(config_id)
+                self.timing.discard(config_id)
+                self.cond.notify_all()
+
+    @contextmanager
+    def timed(self, config_id: str, wait_s: float = 0.0) -> Iterator[float]:
+        """Around a config's timed requests; with `wait_s`, first wait (at most that long) until another config
+        is in its timed requests or none other is up. Yields the seconds waited."""
+        with self.cond:
+            waited = 0.0
+            if wait_s > 0:
+                t0 = time.monotonic()
+                self.cond.wait_for(lambda: bool(self.timing - {config_id}) or not (self.up - {config_id}), wait_s)
+                waited = time.monotonic() - t0
+            self.timing.add(config_id)
+            self.cond.notify_all()
+        try:
+            yield waited
+        finally:
+            with self.cond:
+                self.timing.discard(config_id)
+                self.cond.notify_all()

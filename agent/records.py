@@ -132,6 +132,8 @@ STATUS = (
        "requests, and the 1-minute load average", required=False),
     _f("preflight_s", "number", "seconds before the server was started: the flag and memory checks and the wait "
        "for its GPUs' memory to come back (its slot's GPUs when packed)", required=False),
+    _f("waited_for_neighbours_s", "number", "the pack check: seconds it waited, ready, for another slot to be "
+       "in its timed requests", required=False),
     _f("timed_window", "array", "[from, to] of the timed requests, epoch seconds", required=False),
     _f("slot", "object", "where a packed config ran: index, gpus (nvidia-smi indices), cpus (a CPU list or null) "
        "and, with cpus, cpus_seen (the server's Cpus_allowed_list once ready); absent when it had the whole host",

@@ -190,6 +190,7 @@ class Suite:
         base, rest = pack.split(group)
         if base is not None:
             self.one(base, pool[0], 1, spans)
+        busy = self.host.busy = pack.Busy()
         queue = deque(rest)
         errors: List[BaseException] = []
 
@@ -200,7 +201,8 @@ class Suite:
                         return
                     cfg = queue.popleft()
                 try:
-                    self.one(cfg, slot, len(pool), spans)
+                    with busy.running(cfg["config_id"]):
+                        self.one(cfg, slot, len(pool), spans)
                 except BaseException as exc:  # raised again once every slot has stopped
                     errors.append(exc)
 
@@ -209,6 +211,7 @@ class Suite:
             t.start()
         for t in threads:
             t.join()
+        self.host.busy = None
         self.note_neighbours(spans)
         if errors:
             raise errors[0]
