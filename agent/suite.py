@@ -8,7 +8,6 @@ one thread per slot taking the next config as its slot frees; each config's stat
 """
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
 from collections import deque
@@ -91,20 +90,15 @@ class Suite:
                 store.event(Event.LEFTOVER_UNIT_STOPPED, unit=unit)
 
     def read_help(self) -> None:
-        """The engine's flags from the host's cache, else from its `--help` (a failure is left to each config's
-        preflight, which asks again and records engine_unavailable with the cause)."""
+        """The engine's flags from the host's cache, else from its `--help` (`probe.engine`, as the plan reads
+        them); a failure is left to each config's preflight, which asks again and records engine_unavailable."""
         host = self.host
         env = server_env({"env": {k: str(v) for k, v in (host.suite.get("env") or {}).items()}})
-        dists = DISTRIBUTIONS[host.engine.name]
-        try:
-            self.help_key = probe.identity(host.suite["engine_python"], host.engine.module, dists, env).get("key")
-            kept = probe.cached(str(self.cache) if self.cache else None, self.help_key)
-            if kept:
-                host.flags, host.choices = set(kept["flags"]), dict(kept.get("choices") or {})
-            else:
-                host.flags, host.choices = probe.read_help(host.suite["engine_python"], host.engine.module, env)
-        except (OSError, RuntimeError, subprocess.TimeoutExpired):
-            pass
+        read = probe.engine(host.suite["engine_python"], host.engine.module, DISTRIBUTIONS[host.engine.name], env,
+                            cache=str(self.cache) if self.cache else None)
+        self.help_key = read.get("key")
+        if read.get("flags"):
+            host.flags, host.choices = set(read["flags"]), dict(read.get("choices") or {})
 
     def keep_help(self) -> None:
         """The engine's flags into the host's cache, for the next plan and run (once per engine build)."""
@@ -162,8 +156,7 @@ class Suite:
         store.event(Event.CONFIG_START, **where)
         started, up_from = time.monotonic(), time.time()
         baseline = cfg["method"] == "autoregressive" and not cfg.get("pack_check_of")
-        if cfg["method"] != "autoregressive" and cfg["phase"] in self.failed_baselines or (
-                cfg.get("pack_check_of") and cfg["phase"] in self.failed_baselines):
+        if not baseline and cfg["phase"] in self.failed_baselines:  # the pack check too
             status = skip(self.host, cfg, Reason.BASELINE_FAILED,
                           f"the autoregressive baseline of phase {cfg['phase']} did not finish ok")
         else:

@@ -509,15 +509,8 @@ def vs_markdown(run: Run, vs: pd.DataFrame) -> list[str]:
         groups.setdefault(g, []).append(r)  # numbered as they first appear
     for g in sorted(groups):
         k = groups[g][0]
-        cell = [f"{k['workload'] if isinstance(k['workload'], str) else '(unknown cell)'}"]
-        if not _na(k["max_tokens"]):
-            cell.append(f"{k['max_tokens']} tok")
-        if not _na(k["context_tokens"]) and k["context_tokens"]:
-            cell.append(f"ctx {k['context_tokens']}")
-        if not _na(k["concurrency"]) and k["concurrency"] != 1:
-            cell.append(f"c{k['concurrency']}")
         where = f" ({k['engine']}, {k['model']})" if several else ""
-        md += ["", f"### {k['host']} tp{k['tp']}: {', '.join(cell)}{where}", ""]
+        md += ["", f"### {k['host']} tp{k['tp']}: {_cell_text(k)}{where}", ""]
         columns = {}
         for f in groups[g]:
             if f["dflash_config_id"] in columns:
