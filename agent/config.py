@@ -109,7 +109,7 @@ class Result:
 def config_digest(cfg: Mapping[str, Any]) -> str:
     """Identifies what a config measures; a kept result must have been made by the same config
     (secrets aside: a new token does not invalidate a result)."""
-    keep = {k: v for k, v in cfg.items() if k not in ("estimate_s", "estimate_source", "timeouts")}
+    keep = {k: v for k, v in cfg.items() if k not in ("estimate_s", "estimate_ready_s", "estimate_source", "timeouts")}
     keep.update(env=redact_env(cfg.get("env", {})), command=redact_argv(cfg.get("command", [])),
                 server_args=redact_argv(cfg.get("server_args", [])))
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]

@@ -2,9 +2,15 @@
 
 `slots()` gives a phase its slots: none to share (one slot, the whole host) unless `pack` is on; then the
 phase's or the suite's `slots` as written, else one slot per `tp` GPUs of the host. `timeline()` lays the
-configs onto the slots as the agent runs them (the baseline alone first; each next config on the slot that
-frees first), for the plan's per-slot timelines and the suite's ETA. `neighbours()` says, after a phase,
-which configs ran beside each one and for how long.
+configs onto the slots as the agent runs them, for the plan's per-slot timelines and the suite's ETA.
+`neighbours()` says, after a phase, which configs ran beside each one and for how long.
+
+The baseline starts first, on the first slot, and gates the others:
+- without the pack check, they start once the baseline's server is up and has answered its warmup (a baseline
+  that cannot start, or cannot answer, starts nothing else); the baseline then measures beside them, packed
+  like every other config;
+- with the pack check (`pack_check`), the baseline runs alone to its end, so that its figures are the alone
+  ones the check compares against; the others start only if it finished ok.
 """
 from __future__ import annotations
 
@@ -158,7 +164,7 @@ def phase_order(configs: Sequence[Mapping[str, Any]]) -> List[Tuple[str, List[Ma
 
 
 def split(group: Sequence[Mapping[str, Any]]) -> Tuple[Optional[Mapping[str, Any]], List[Mapping[str, Any]]]:
-    """A phase's baseline (run alone, first) and the configs packed after it: the pack check first (it starts
+    """A phase's baseline (started first) and the configs packed after it: the pack check first (it starts
     with the first neighbours), then the longest first (the phase ends sooner than in matrix order)."""
     base = next((c for c in group if c["method"] == "autoregressive" and not c.get("pack_check_of")), None)
     rest = [c for c in group if c is not base]
@@ -166,18 +172,31 @@ def split(group: Sequence[Mapping[str, Any]]) -> Tuple[Optional[Mapping[str, Any
     return base, rest
 
 
+def alone(group: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a packed phase's baseline runs alone to its end (the phase has a pack check to compare it with)
+    rather than only until its server is up and answered its warmup."""
+    return any(c.get("pack_check_of") for c in group)
+
+
+def gate_s(base: Mapping[str, Any], group: Sequence[Mapping[str, Any]]) -> float:
+    """Estimated seconds from the baseline's start until the other configs of its phase may start."""
+    if alone(group):
+        return float(base["estimate_s"])
+    return min(float(base["estimate_s"]), float(base.get("estimate_ready_s") or 0.0))
+
+
 def timeline(configs: Sequence[Mapping[str, Any]], phase_slots: Mapping[str, List[Slot]]) -> List[Placed]:
-    """Every config's estimated place: phase after phase; in a phase the baseline alone on the first slot, then
-    each next config on the slot that frees first (the agent's order)."""
+    """Every config's estimated place: phase after phase; in a phase the baseline first on the first slot, the
+    others from its gate on (`gate_s`), each next config on the slot that frees first (the agent's order)."""
     out: List[Placed] = []
     t = 0.0
     for phase, group in phase_order(configs):
         pool = phase_slots.get(phase) or [Slot(0)]
         base, rest = split(group) if len(pool) > 1 else (None, list(group))
+        free = [t] * len(pool)
         if base is not None:
             out.append(Placed(base["config_id"], phase, pool[0], t, t + base["estimate_s"]))
-            t += base["estimate_s"]
-        free = [t] * len(pool)
+            free = [t + base["estimate_s"]] + [t + gate_s(base, group)] * (len(pool) - 1)
         for cfg in rest:
             i = min(range(len(pool)), key=lambda k: (free[k], k))
             out.append(Placed(cfg["config_id"], phase, pool[i], free[i], free[i] + cfg["estimate_s"]))
@@ -211,12 +230,18 @@ def neighbours(spans: Mapping[str, Mapping[str, Any]]) -> Dict[str, List[Dict[st
 
 class Busy:
     """Which configs of a packed phase are up and which are in their timed requests, so that the pack check
-    starts its timed requests only while another slot is measuring (or once no other config is left up)."""
+    starts its timed requests only while another slot is measuring (or once no other config is left up); and
+    the baseline's gate: `opened` is set once the `gate` config enters its timed requests (its server is up and
+    answered its warmup) or ends, whichever comes first."""
 
-    def __init__(self) -> None:
+    def __init__(self, gate: Optional[str] = None) -> None:
         self.cond = threading.Condition()
         self.up: Set[str] = set()
         self.timing: Set[str] = set()
+        self.gate = gate
+        self.opened = threading.Event()
+        if gate is None:
+            self.opened.set()
 
     @contextmanager
     def running(self, config_id: str) -> Iterator[None]:
@@ -229,6 +254,8 @@ class Busy:
                 self.up.discard(config_id)
                 self.timing.discard(config_id)
                 self.cond.notify_all()
+            if config_id == self.gate:
+                self.opened.set()
 
     @contextmanager
     def timed(self, config_id: str, wait_s: float = 0.0) -> Iterator[float]:
@@ -242,6 +269,8 @@ class Busy:
                 waited = time.monotonic() - t0
             self.timing.add(config_id)
             self.cond.notify_all()
+        if config_id == self.gate:
+            self.opened.set()
         try:
             yield waited
         finally:

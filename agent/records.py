@@ -186,6 +186,7 @@ CONFIG = (
     _f("environment", "object", "the config's environment, secrets redacted"),
     _f("timeouts", "object", "health_s, request_s, stop_s, release_s", required=False),
     _f("estimate_s", "number", "the plan's time estimate", required=False),
+    _f("estimate_ready_s", "number", "the part of the estimate that is the server's startup", required=False),
     _f("estimate_source", "string", "what the estimate came from: an earlier run's measurement or the profile",
        required=False),
     _f("pack_check_of", "string", "on the pack check only: the baseline it measures again while the other slots "

@@ -3,8 +3,9 @@ and an ETA.
 
 A config already `ok` with the same digest is kept unless forced; a phase whose baseline fails has
 its other configs skipped; a failing config is recorded (see `config.py`) and the suite goes on.
-A packed phase (`pack.py`) runs its baseline alone on the first slot, then the rest on all its slots at once,
-one thread per slot taking the next config as its slot frees; each config's status then names its neighbours.
+A packed phase (`pack.py`) starts its baseline first on the first slot and the rest once the baseline's server
+answered its warmup (with the pack check: once the baseline ended), on all its slots at once, one thread per
+slot taking the next config as its slot frees; each config's status then names its neighbours.
 """
 from __future__ import annotations
 
@@ -176,18 +177,23 @@ class Suite:
         return status
 
     def packed(self, group: List[Dict[str, Any]], pool: List[Slot]) -> None:
-        """One phase over its slots: the baseline alone on the first, then every other config as slots free (a
-        thread per slot); a baseline that did not finish ok starts nothing else. Then each config's status gets
-        its neighbours."""
+        """One phase over its slots, a thread per slot taking the next config as its slot frees. The baseline
+        starts first on the first slot; the other slots wait for its gate (`pack.Busy`): its warmup answered,
+        or, with the pack check, its end. A baseline that did not start, answer or (with the check) finish ok
+        starts nothing after it. Then each config's status gets its neighbours."""
         spans: Dict[str, Dict[str, Any]] = {}
         base, rest = pack.split(group)
-        if base is not None:
+        alone = pack.alone(group)
+        if base is not None and alone:
             self.one(base, pool[0], 1, spans)
-        busy = self.host.busy = pack.Busy()
-        queue = deque(rest)
+        gated = base is not None and not alone
+        busy = self.host.busy = pack.Busy(gate=base["config_id"] if gated and base is not None else None)
+        queue = deque(([base] if gated else []) + rest)
         errors: List[BaseException] = []
 
         def worker(slot: Slot) -> None:
+            if slot is not pool[0]:
+                busy.opened.wait()
             while not errors:
                 with self.lock:
                     if not queue:
@@ -198,6 +204,7 @@ class Suite:
                         self.one(cfg, slot, len(pool), spans)
                 except BaseException as exc:  # raised again once every slot has stopped
                     errors.append(exc)
+                    busy.opened.set()
 
         threads = [threading.Thread(target=worker, args=(slot,), name=f"slot-{slot.index}") for slot in pool]
         for t in threads:

@@ -73,14 +73,17 @@ def seconds(cells: Iterable[Mapping[str, Any]], startup_s: float, tok_s: float, 
 
 def apply(configs: list[dict[str, Any]], profile: Mapping[str, float],
           evidence: Mapping[tuple[Any, ...], Evidence]) -> None:
-    """Set each config's `estimate_s` and `estimate_source` in place."""
+    """Set each config's `estimate_s`, `estimate_ready_s` (its startup, within it) and `estimate_source` in
+    place."""
     for cfg in configs:
         seen = evidence.get(kind(cfg))
         if seen:
             cfg["estimate_s"] = round(seconds(cfg["cells"], seen.ready_s, seen.tok_s, profile["prefill_tok_s"]), 1)
+            cfg["estimate_ready_s"] = round(seen.ready_s, 1)
             cfg["estimate_source"] = (f"measured in run {seen.run_id}: ready {seen.ready_s:.0f} s, "
                                       f"{seen.tok_s:.1f} tok/s")
         else:
             tok_s = profile["tok_s"] * math.sqrt(cfg["tp"])
             cfg["estimate_s"] = round(seconds(cfg["cells"], profile["startup_s"], tok_s, profile["prefill_tok_s"]), 1)
+            cfg["estimate_ready_s"] = round(float(profile["startup_s"]), 1)
             cfg["estimate_source"] = f"profile: {profile['tok_s']:g} tok/s × √tp {cfg['tp']}"

@@ -258,8 +258,11 @@ def packed_lines(configs: list[dict[str, Any]], suite: Mapping[str, Any]) -> lis
     from the phase's start)."""
     slots = pools(configs, suite)
     placed = pack.timeline(configs, slots)
-    lines = [f"Packing ({PREFIX}pack): in each phase the baseline runs alone on the first slot, then the other "
-             f"configs run at once, each on the slot that frees first"]
+    check = bool(suite.get("pack_check"))
+    lines = [f"Packing ({PREFIX}pack): in each phase the baseline starts first on the first slot; the other configs "
+             + ("start once it has finished ok (alone: the pack check compares it with its packed copy)" if check
+                else "start once its server is up and answered its warmup (it then measures packed beside them)")
+             + ", each on the slot that frees first"]
     for phase, group in pack.phase_order(configs):
         mine = [p for p in placed if p.phase == phase]
         start, end = min(p.start_s for p in mine), max(p.end_s for p in mine)

@@ -102,6 +102,19 @@ def test_timeline_baseline_alone_then_longest_first_on_the_slot_that_frees_first
     assert pack.check_copy(base)["pack_check_of"] == "tp1-ar"
 
 
+def test_timeline_without_the_pack_check_starts_the_others_once_the_baseline_is_up() -> None:
+    configs = [cfg("tp1-ar", 100, "autoregressive", estimate_ready_s=20), cfg("a", 30), cfg("b", 90),
+               cfg("c", 60), cfg("d", 20)]
+    two = [Slot(0, (0,)), Slot(1, (1,))]
+    placed = {p.config_id: (p.slot.index, p.start_s, p.end_s) for p in pack.timeline(configs, {"tp1": two})}
+    assert placed == {"tp1-ar": (0, 0, 100), "b": (1, 20, 110), "c": (0, 100, 160), "a": (1, 110, 140),
+                      "d": (1, 140, 160)}
+    assert pack.gate_s(configs[0], configs) == 20
+    # with the pack check in the phase the baseline is alone to its end
+    check = [*configs, pack.check_copy(configs[0])]
+    assert pack.alone(check) and pack.gate_s(configs[0], check) == 100
+
+
 def test_timeline_of_an_unpacked_suite_is_the_sum() -> None:
     configs = [cfg("ar", 10, "autoregressive"), cfg("x", 20), cfg("y", 5)]
     assert max(p.end_s for p in pack.timeline(configs, {"tp1": [Slot(0)]})) == 35

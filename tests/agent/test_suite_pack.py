@@ -1,6 +1,7 @@
 """A packed phase run by the agent for real: two CPU slots (taskset), the fake engine of test_config as servers.
-The baseline runs alone on slot 0, then the rest two at a time, each server held to its slot's CPU; every status
-names its slot and its neighbours; a baseline that fails starts nothing else."""
+The baseline starts first on slot 0: with the pack check it runs alone to its end, without it the others start
+once it answered its warmup; then the rest two at a time, each server held to its slot's CPU; every status names
+its slot and its neighbours; a baseline that fails starts nothing else."""
 from __future__ import annotations
 
 import json
@@ -84,6 +85,28 @@ def test_a_packed_phase_runs_its_baseline_alone_then_two_at_a_time_each_on_its_c
     assert any(n["timed_overlap_s"] > 0 for n in check["neighbours"]), check["neighbours"]
     config = json.loads((root / HOST / "tp1-autoregressive-packed" / "config.json").read_text())
     assert config["pack_check_of"] == "tp1-autoregressive" and config["method"] == "autoregressive"
+
+
+def test_without_the_pack_check_the_others_start_once_the_baseline_answered_its_warmup(tmp_path: Path) -> None:
+    plan = packed_plan(write_engine(tmp_path / "engine"))
+    ids = [c["config_id"] for c in plan["configs"]]
+    assert ids == ["tp1-autoregressive", "tp1-ngram-k2", "tp1-ngram-k3", "tp1-ngram-k4"]
+    root = tmp_path / "results" / RUN_ID
+    assert Suite(plan, root, invocation="inv").run() == 0
+    status = {cid: json.loads((root / HOST / cid / "status.json").read_text()) for cid in ids}
+    assert {cid: s["status"] for cid, s in status.items()} == {cid: "ok" for cid in ids}
+    ev = events(root)
+    span = intervals(ev)
+    ready = next(i for i, e in enumerate(ev) if e["event"] == "config_ready"
+                 and e["config_id"] == "tp1-autoregressive")
+    # nothing else started before the baseline's server was up, and the first other config started on slot 1
+    # while the baseline was still measuring: it is packed like the rest
+    assert all(start > ready for cid, (start, _) in span.items() if cid != "tp1-autoregressive")
+    first = min((start, cid) for cid, (start, _) in span.items() if cid != "tp1-autoregressive")
+    assert first[0] < span["tp1-autoregressive"][1]
+    assert status[first[1]]["slot"]["index"] == 1
+    assert status["tp1-autoregressive"]["slot"]["index"] == 0
+    assert [n["config_id"] for n in status["tp1-autoregressive"]["neighbours"]][:1] == [first[1]]
 
 
 def test_a_packed_phase_whose_baseline_fails_starts_nothing_else(tmp_path: Path) -> None:
