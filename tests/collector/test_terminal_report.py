@@ -1,0 +1,199 @@
+"""The report as read in a terminal, on a ct200-shaped run written the way the agent writes it (configs expanded by
+`matrix.expand`, config.json, status.json and requests.jsonl through the agent's own `record`, request lines
+through `records.request_row`, host.json through its fingerprint, run.json from `collector stamp`): two hosts, tp1
+and tp4, the baseline, DFlash on both scheduling paths, DDTree at budgets 8/12/15/16/32/64, an n-gram config with a
+long id, failures and skips. Expected figures are worked out by hand."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent import fingerprint, records
+from agent.classify import Reason
+from agent.config import Host, Result, fresh_folder, record
+from agent.engines import ENGINES
+from agent.records import Outcome
+from agent.store import HostStore, write_json
+from collector.__main__ import main as collector_main
+from collector.load import load_run
+from collector.report import table
+from collector.views import AR, budget_key, by_workload, fit_rows, method_label, outcomes, wrap
+from controller import matrix
+
+HOSTS = ("gpu-node-a", "gpu-node-b")
+MAX_TOKENS = 64
+BUDGETS = (64, 8, 32, 12, 16, 15)  # listed out of order: the report orders them
+LONG_ID = "ngram-k4-lookup-window-2-to-8-flashinfer-long"
+CONFIGS: list[dict[str, Any]] = [
+    {"method": "autoregressive"},
+    {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 8,
+     "id": LONG_ID},
+    *({"method": "ddtree", "budget": b, "block_size": 16, "server_args": ["--page-size", "1"]} for b in BUDGETS),
+    {"method": "dflash", "block_size": 16, "id": "dflash-nooverlap", "server_args": ["--disable-overlap-schedule"]},
+    {"method": "dflash", "block_size": 16, "id": "dflash", "env": {"SGLANG_ENABLE_SPEC_V2": "1"}},
+]
+# Base tok/s of each label (the baseline 12); a sample is base × (5/6, 1, 7/6) on gpu-node-a, × 1.5 on gpu-node-b
+SPEED = {"autoregressive": 12.0, LONG_ID: 15.0, "dflash": 24.0, "dflash-nooverlap": 18.0, "ddtree-b8": 36.0,
+         "ddtree-b12": 33.0, "ddtree-b15": 30.0, "ddtree-b16": 27.0, "ddtree-b32": 21.0, "ddtree-b64": 16.5}
+SCALE = {"gpu-node-a": 1.0, "gpu-node-b": 1.5}
+# (host, config_id) -> how it ends instead of measuring
+FAILED = {("gpu-node-b", "tp1-ddtree-b64"): (Outcome.FAILED, Reason.OOM, "CUDA out of memory"),
+          ("gpu-node-b", "tp4-autoregressive"): (Outcome.FAILED, Reason.HEALTH_TIMEOUT, "not healthy in 1800 s")}
+
+
+def suite() -> dict[str, Any]:
+    sweeps = [{"name": "short", "workloads": ["fib", "qsort"], "max_tokens": [MAX_TOKENS]},
+              {"name": "context", "workloads": ["arith"], "max_tokens": [MAX_TOKENS], "context_tokens": [1000],
+               "methods": ["dflash", "ddtree-b16"]},
+              {"name": "concurrency", "workloads": ["fib"], "max_tokens": [MAX_TOKENS], "concurrency": [4],
+               "methods": ["dflash-nooverlap"]}]
+    return {"suite_name": "terminal", "engine": "sglang", "engine_python": "/opt/specfleet/sglang/bin/python",
+            "gpu_count": 8, "model": {"name": "Qwen3.6-27B", "path": "/models/Qwen3.6-27B", "max_model_len": 4096},
+            "draft_model": {"name": "Qwen3.6-27B-DFlash", "path": "/models/Qwen3.6-27B-DFlash"},
+            "phases": [{"name": "tp1", "tp": 1, "configs": CONFIGS, "sweeps": sweeps},
+                       {"name": "tp4", "tp": 4, "configs": CONFIGS[:1] + CONFIGS[-2:], "sweeps": sweeps[:1]}]}
+
+
+def label_of(cfg: dict[str, Any]) -> str:
+    return cfg["config_id"].split("-", 1)[1]
+
+
+def samples(host: str, cfg: dict[str, Any]) -> list[float]:
+    base = SPEED[label_of(cfg)] * SCALE[host]
+    return [base * 5 / 6, base, base * 7 / 6]
+
+
+def write_host(run_dir: Path, host: str, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Host:
+    """host.json from the agent's fingerprint (no GPUs on this machine, no engine: what it finds), and the agent's
+    Host for `record`."""
+    with monkeypatch.context() as m:
+        m.setattr(fingerprint, "ENGINE_BUILD_RECORD", tmp / "no-record.json")
+        write_json(run_dir / host / "host.json", fingerprint.collect({"host": host, "suite": suite()}))
+    return Host(suite=suite(), engine=ENGINES["sglang"], store=HostStore(run_dir, host),
+                engine_info={"version": "0.5.11"})
+
+
+def measured(host: str, cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    identity = {"host": host, "config_id": cfg["config_id"], "method": cfg["method"],
+                "method_params": cfg["method_params"], "tp": cfg["tp"], "engine": cfg["engine"],
+                "model": cfg["model"]["name"], "phase": cfg["phase"]}
+    rows = []
+    for cell in cfg["cells"]:
+        for rep, tok in enumerate(samples(host, cfg)):
+            for slot in range(cell["concurrency"]):
+                rows.append(records.request_row(identity, cell, rep, {
+                    "prompt_tokens": 40, "completion_tokens": MAX_TOKENS, "ttft_s": 0.05, "e2e_s": MAX_TOKENS / tok,
+                    "output_tok_s": tok, "ok": True, "error": None, "sent_s": 10.0 * rep + 0.01 * slot,
+                    "done_s": 10.0 * rep + 0.01 * slot + MAX_TOKENS / tok,
+                    "accept_length": None if cfg["method"] == "autoregressive" else 4.0}))
+    return rows
+
+
+def write_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    run_dir = tmp_path / "results" / "run-terminal"
+    for host in HOSTS:
+        agent_host = write_host(run_dir, host, tmp_path, monkeypatch)
+        failed_phase: set[str] = set()
+        for cfg in matrix.expand(suite()):
+            folder = fresh_folder(agent_host.store, cfg["config_id"])
+            (folder / "server.log").write_text("INFO The server is fired up and ready to roll!\n")
+            if (host, cfg["config_id"]) in FAILED:
+                outcome, reason, detail = FAILED[(host, cfg["config_id"])]
+                result = Result(outcome, reason, detail)
+                failed_phase.update([cfg["phase"]] if cfg["method"] == "autoregressive" else [])
+            elif cfg["phase"] in failed_phase:
+                result = Result(Outcome.SKIPPED, Reason.BASELINE_FAILED, "the phase's baseline failed")
+            else:
+                result = Result(Outcome.OK, rows=measured(host, cfg), argv=cfg["command"],
+                                fields={"ready_s": 61.5, "timed_s": 30.25, "wall_s": 100.0})
+            record(agent_host, cfg, result, folder, "2026-12-01T10:00:00.000+00:00")
+    assert collector_main(["stamp", str(run_dir), "start", "--suite", "terminal", "--hosts", *HOSTS]) == 0
+    assert collector_main(["stamp", str(run_dir), "finish", "--suite", "terminal", "--hosts", *HOSTS]) == 0
+    return run_dir
+
+
+@pytest.fixture()
+def run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    return write_run(tmp_path, monkeypatch)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# views: the order of methods, their labels, the methods-as-columns view
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_budget_key_orders_baseline_dflash_ddtree_by_number_then_the_rest() -> None:
+    expanded = matrix.expand(suite(), ["tp1"])
+    keyed = sorted(expanded, key=lambda c: (budget_key(c["method"], json.dumps(c["method_params"])), c["config_id"]))
+    assert [label_of(c) for c in keyed] == [
+        "autoregressive", "dflash", "dflash-nooverlap", "ddtree-b8", "ddtree-b12", "ddtree-b15", "ddtree-b16",
+        "ddtree-b32", "ddtree-b64", LONG_ID]
+    # params as config.json holds them (an object) key the same; a DDTree without a budget comes after those with
+    assert budget_key("ddtree", {"budget": 12}) == budget_key("ddtree", '{"budget": 12}')
+    assert budget_key("ddtree", "{}") > budget_key("ddtree", '{"budget": 64}') > budget_key("ddtree", '{"budget": 8}')
+    assert budget_key("ddtree", '{"budget": 8}') < budget_key("eagle", "{}") < budget_key("ngram", "{}")
+
+
+def test_method_labels_are_the_matrix_labels(run_dir: Path) -> None:
+    df = table(load_run(run_dir))
+    got = {(r["tp"], r["config_id"]): method_label(r) for _, r in df.iterrows()}
+    assert got[(1, "tp1-autoregressive")] == AR and got[(4, "tp4-autoregressive")] == AR
+    assert got[(1, "tp1-ddtree-b8")] == "ddtree-b8" and got[(4, "tp4-dflash-nooverlap")] == "dflash-nooverlap"
+    assert got[(1, f"tp1-{LONG_ID}")] == LONG_ID
+    # a phase not named after its tp: the config_id itself
+    assert method_label({"method": "dflash", "config_id": "long-dflash", "tp": 1}) == "long-dflash"
+
+
+def test_by_workload_has_a_row_per_cell_and_a_column_per_method(run_dir: Path) -> None:
+    run = load_run(run_dir)
+    view = by_workload(table(run), outcomes(run))
+    assert list(view.columns) == ["host", "tp", "workload", "max_tokens", "context_tokens", "concurrency", AR,
+                                  "dflash", "dflash-nooverlap", "ddtree-b8", "ddtree-b12", "ddtree-b15", "ddtree-b16",
+                                  "ddtree-b32", "ddtree-b64", LONG_ID]
+    cells = [tuple(r) for r in view[["host", "tp", "workload", "context_tokens", "concurrency"]].itertuples(False)]
+    a_tp1 = [("gpu-node-a", 1, "arith", 1000, 1), ("gpu-node-a", 1, "fib", 0, 1), ("gpu-node-a", 1, "fib", 0, 4),
+             ("gpu-node-a", 1, "qsort", 0, 1)]
+    assert cells[:4] == a_tp1 and len(cells) == 2 * (4 + 2)
+    row = view.iloc[1].to_dict()  # gpu-node-a tp1 fib: tok/s (speedup), speedup = base / 12
+    assert row[AR] == "12.0 (1.00x)" and row["dflash"] == "24.0 (2.00x)" and row["ddtree-b12"] == "33.0 (2.75x)"
+    assert row["ddtree-b64"] == "16.5 (1.38x)" and row[LONG_ID] == "15.0 (1.25x)"
+    arith = view.iloc[0].to_dict()  # only DFlash and b16 measure the long context; the baseline does too
+    assert [c for c in view.columns[6:] if arith[c]] == [AR, "dflash", "ddtree-b16"]
+    assert arith["dflash"] == "24.0 (2.00x)"
+    b = view[(view["host"] == "gpu-node-b") & (view["workload"] == "fib") & (view["concurrency"] == 1)]
+    b_tp1, b_tp4 = b.iloc[0].to_dict(), b.iloc[1].to_dict()
+    assert b_tp1["ddtree-b64"] == "failed: oom" and b_tp1["ddtree-b8"] == "54.0 (3.00x)"
+    assert b_tp4[AR] == "failed: health_timeout" and b_tp4["dflash"] == "skipped: baseline_failed"
+    assert b_tp4["ddtree-b8"] == ""  # tp4 has no DDTree
+    # without outcomes, a skip is told by its reason
+    assert by_workload(table(run)).equals(view)
+
+
+def test_fit_rows_splits_columns_to_the_width_and_repeats_the_keys() -> None:
+    rows = [{"cell": f"fib, {n} tok", **{f"method-{i}": f"{10 * i + n:.1f} ({i / 3:.2f}x)" for i in range(12)}}
+            for n in (64, 1024)]
+    lines = fit_rows(rows, ["cell"], width=80)
+    tables = "\n".join(lines).split("\n\n")
+    assert len(tables) > 1 and all(len(line) <= 80 for line in lines)
+    assert all(t.startswith("| cell ") for t in tables)
+    headers = [h.strip() for t in tables for h in t.splitlines()[0].strip("|").split("|")[1:]]
+    assert headers == [f"method-{i}" for i in range(12)]  # every column once, in order
+    widest = fit_rows(rows, ["cell"], width=10_000)
+    assert "\n\n" not in "\n".join(widest) and max(map(len, widest)) > 80
+    # a table is as wide as the columns allow: one more column would not fit
+    first = tables[0].splitlines()
+    assert len(first[0]) + len(tables[1].splitlines()[0].split("|")[2]) + 1 > 80
+
+
+def test_wrap_keeps_the_mark_and_paths_whole() -> None:
+    path = "/results/run-1/" + "x" * 130 + "/requests.jsonl:3:"
+    lines = wrap(f"- {path} malformed JSON (Expecting value, column 1); line skipped", 120, indent="")
+    assert lines == ["- " + path, "  malformed JSON (Expecting value, column 1); line skipped"]
+    seed = "  fib (ctx 1000, c4): 24.0 ± 4.0 tok/s  (n=3, 2.00x [1.37, 2.92], accept 4.00, burst 96.0 tok/s)"
+    assert wrap(seed, 60) == ["  fib (ctx 1000, c4): 24.0 ± 4.0 tok/s  (n=3, 2.00x [1.37,",
+                              "    2.92], accept 4.00, burst 96.0 tok/s)"]
+    assert wrap("short") == ["short"] and wrap("") == [""] and wrap("- ") == ["-"]
+    assert re.fullmatch(r"(.{1,40}\n)+.{1,40}", "\n".join(wrap("word " * 30, 40)))
