@@ -214,7 +214,8 @@ def _serve(host: Host, cfg: Mapping[str, Any], folder: Path, port: int, slot: Op
                 busy = host.busy
                 wait_s = float(cfg["timeouts"]["health_s"]) if cfg.get("pack_check_of") else 0.0
                 out = measure(cfg, identity, server, Endpoint(host.engine, port, server.host, host.headers),
-                              timed=(lambda: busy.timed(cfg["config_id"], wait_s)) if busy is not None else None)
+                              timed=(lambda: busy.timed(cfg["config_id"], wait_s)) if busy is not None else None,
+                              events=host.store.event, progress_s=float(host.suite["progress_s"]))
             if seen is not None:
                 out.fields["cpus_seen"] = seen
             state = gpus.summary(*out.window) if out.window else None

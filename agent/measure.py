@@ -1,5 +1,6 @@
 """The timed requests of one config against its ready server: prompts built with the server's own
-tokenizer, an untimed warmup, then every cell's repetitions as bursts of concurrent requests.
+tokenizer, an untimed warmup, then every cell's repetitions as bursts of concurrent requests, with a progress event
+now and then (`Pace`).
 
 `measure` returns the request rows and how the config ended; it never stops the server.
 """
@@ -22,6 +23,7 @@ from .server import Server, http_status
 from .store import now_iso
 
 Prompt = Union[str, List[int]]
+Sink = Callable[..., None]  # where events go: HostStore.event(kind, **fields)
 
 
 class PromptError(ValueError):
@@ -51,8 +53,8 @@ class Measured:
 
 
 def prompts(cfg: Mapping[str, Any], ep: Endpoint) -> Dict[Tuple[str, int], Prompt]:
-    """Plain prompts as text; long-context prompts as token ids of exactly `context_tokens`, built with the
-    server's tokenizer (filler, then the question)."""
+    """Plain prompts as text, chat messages as the token ids of the server's chat template; long-context prompts
+    as token ids of exactly `context_tokens`, built with the server's tokenizer (filler, then the question)."""
     out: Dict[Tuple[str, int], Prompt] = {}
     name = cfg["model"]["name"]
     filler: List[int] = []
@@ -60,12 +62,16 @@ def prompts(cfg: Mapping[str, Any], ep: Endpoint) -> Dict[Tuple[str, int], Promp
         key = (cell["workload"], cell["context_tokens"])
         if key in out:
             continue
-        text = cfg["prompts"][cell["workload"]]
-        if cell["context_tokens"] == 0:
-            out[key] = text
+        given = cfg["prompts"][cell["workload"]]
+        if cell["context_tokens"] == 0 and isinstance(given, str):
+            out[key] = given
             continue
-        q = client.post_json(ep.port, "/tokenize", {"model": name, "prompt": text}, 60, ep.host,
-                             ep.headers)["tokens"]
+        body = ({"model": name, "messages": given, "add_generation_prompt": True} if isinstance(given, list)
+                else {"model": name, "prompt": given})
+        q = client.post_json(ep.port, "/tokenize", body, 60, ep.host, ep.headers)["tokens"]
+        if cell["context_tokens"] == 0:
+            out[key] = q
+            continue
         need = cell["context_tokens"] - len(q)
         if need < 0:
             raise PromptError(f"context_tokens {cell['context_tokens']} is shorter than the "
@@ -132,11 +138,38 @@ def cold_start(rows: List[Mapping[str, Any]], factor: float = 3.0) -> Optional[D
             "ratio": None if ratio is None else round(ratio, 3), "outlier": bool(ratio and ratio > factor)}
 
 
+class Pace:
+    """A config's progress through its timed requests, told to `events` as `records.Event.CONFIG_PROGRESS` after a burst
+    once `every_s` has passed since it was last told: requests done of `total`, output tok/s over that window (the
+    server's completion_tokens of the requests that finished in it, over its wall seconds) and the config's ETA
+    (requests left times the mean seconds per request so far)."""
+
+    def __init__(self, events: Optional[Sink], config_id: str, total: int, every_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.events, self.config_id, self.total, self.every_s, self.clock = events, config_id, total, every_s, clock
+        self.start = self.last = clock()
+        self.done = self.tokens = 0
+
+    def burst(self, rows: List[Mapping[str, Any]]) -> None:
+        self.done += len(rows)
+        self.tokens += sum(r.get("completion_tokens") or 0 for r in rows if r["ok"])
+        now = self.clock()
+        window = now - self.last
+        if self.events is None or window < self.every_s or window <= 0:
+            return
+        self.events(records.Event.CONFIG_PROGRESS, config_id=self.config_id, done=self.done, total=self.total,
+                    tok_s=round(self.tokens / window, 2), window_s=round(window, 3),
+                    eta_s=round((now - self.start) / self.done * (self.total - self.done), 1))
+        self.last, self.tokens = now, 0
+
+
 def measure(cfg: Mapping[str, Any], identity: Mapping[str, Any], server: Server, ep: Endpoint,
-            seed: Optional[int] = None, timed: Optional[Callable[[], ContextManager[float]]] = None) -> Measured:
+            seed: Optional[int] = None, timed: Optional[Callable[[], ContextManager[float]]] = None,
+            events: Optional[Sink] = None, progress_s: float = 0.0) -> Measured:
     """Warmup, then every cell's repetitions in a shuffled order (`order`, its seed recorded), between two
     readings of the server's counters; stops early when the server dies or hangs. `timed` is entered around
-    the timed requests (a packed phase's `pack.Busy`; it may wait first)."""
+    the timed requests (a packed phase's `pack.Busy`; it may wait first). With `events`, a progress event at
+    most every `progress_s` seconds (`Pace`)."""
     built = prompts(cfg, ep)
     first = cfg["cells"][0]
     [warm], _ = burst(cfg, ep, built[(first["workload"], first["context_tokens"])], cfg["warmup_max_tokens"], 1,
@@ -149,11 +182,13 @@ def measure(cfg: Mapping[str, Any], identity: Mapping[str, Any], server: Server,
     with timed() if timed is not None else nullcontext(0.0) as waited:
         if waited:
             out.fields["waited_for_neighbours_s"] = round(waited, 3)
-        return _timed(cfg, identity, server, ep, built, seed, out)
+        total = sum(c["concurrency"] * c["repetitions"] for c in cfg["cells"])
+        return _timed(cfg, identity, server, ep, built, seed, out, Pace(events, identity["config_id"], total,
+                                                                         progress_s))
 
 
 def _timed(cfg: Mapping[str, Any], identity: Mapping[str, Any], server: Server, ep: Endpoint,
-           built: Dict[Tuple[str, int], Prompt], seed: int, out: Measured) -> Measured:
+           built: Dict[Tuple[str, int], Prompt], seed: int, out: Measured, pace: Pace) -> Measured:
     before = counters.read(ep.engine, ep.port, ep.host, ep.headers)
     load0 = hostload.sample(server.owns)
     origin: Optional[float] = None
@@ -163,6 +198,7 @@ def _timed(cfg: Mapping[str, Any], identity: Mapping[str, Any], server: Server, 
         got, seconds = burst(cfg, ep, built[(cell["workload"], cell["context_tokens"])], cell["max_tokens"],
                              cell["concurrency"], f"c{i}r{rep}")
         out.timed_s += seconds
+        pace.burst(got)
         origin = min(r["t_sent"] for r in got) if origin is None else origin
         for r in got:  # seconds since the first timed request was sent: bursts can be rebuilt from the rows
             sent, done = r.pop("t_sent"), r.pop("t_done")

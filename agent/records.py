@@ -24,6 +24,10 @@ class Event(str, Enum):
     CONFIG_KEPT = "config_kept"
     CONFIG_START = "config_start"
     CONFIG_READY = "config_ready"
+    # within a config's timed requests, after a burst once `progress_s` has passed since the last one:
+    # config_id, done and total (requests), tok_s (the server's completion_tokens of the requests finished in
+    # the window over its wall seconds), window_s, eta_s (requests left x mean seconds per request so far)
+    CONFIG_PROGRESS = "config_progress"
     CONFIG_END = "config_end"
     SUITE_END = "suite_end"
 

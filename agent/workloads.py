@@ -1,4 +1,6 @@
-"""Prompts of the suite and the filler text used to build long-context prompts."""
+"""Prompts of the suite and the filler text used to build long-context prompts. Other workloads come in the plan
+(`bench_workloads`, `bench_workloads_file`): text, or chat messages that the server's chat template turns into
+the prompt."""
 from __future__ import annotations
 
 PROMPTS: dict[str, str] = {

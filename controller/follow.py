@@ -1,6 +1,7 @@
 """Following a suite from the controller: each poll's answer (`python -m agent progress` on the host) turned
-into progress lines (`[k/N] <config_id>  elapsed  ETA`) and, at the end, the action's result — the
-configs' outcomes, or why the agent stopped early. Pure: the `bench_follow` action does the polling."""
+into progress lines (`[k/N] <config_id>  elapsed  ETA`; within a config, its requests done, tok/s and ETA) and,
+at the end, the action's result — the configs' outcomes, or why the agent stopped early. Pure: the `bench_follow`
+action does the polling."""
 from __future__ import annotations
 
 import json
@@ -28,6 +29,9 @@ def render(ev: dict[str, Any]) -> str | None:
     if kind == Event.CONFIG_START:
         return (f"[{ev['k']}/{ev['n']}] {ev['config_id']}  {slot + '  ' if slot else ''}elapsed "
                 f"{hms(ev.get('elapsed_s'))}  ETA {hms(ev.get('eta_s'))}")
+    if kind == Event.CONFIG_PROGRESS:
+        return (f"      {ev['config_id']}: {ev['done']}/{ev['total']} requests, {ev['tok_s']:.1f} tok/s over the last "
+                f"{ev['window_s']:.0f} s, config ETA {hms(ev.get('eta_s'))}")
     if kind == Event.CONFIG_KEPT:
         return f"[{ev['k']}/{ev['n']}] {ev['config_id']}  already ok in this run, kept"
     if kind == Event.CONFIG_END:

@@ -2,7 +2,8 @@
 
 The controller validates the `bench_*` variables of each host with `validate()` before any
 server starts, and `expand()` turns them into the ordered config list the agent runs. Schema
-checks use jsonschema (controller only); cross-field checks are plain code.
+checks use jsonschema (controller only); cross-field checks are plain code. The workloads of
+`bench_workloads_file` are read here, on the controller, and travel to the host inside the configs.
 """
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import ipaddress
 import json
 import math
 import re
-from dataclasses import dataclass
-from typing import Any, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
 
 from agent import pack, records, workloads
 from agent.engines import ENGINES
@@ -117,9 +119,11 @@ SCHEMA = {
         "max_tokens": {**_int_list, "default": [256]},
         "warmup_max_tokens": {**_pos_int, "default": 32},
         "workloads": {"type": "object", "additionalProperties": {"type": "string", "minLength": 1}, "default": {}},
+        "workloads_file": {"type": ["string", "null"], "pattern": _NO_NUL, "default": ""},
         "timeouts": {"type": "object", "additionalProperties": False, "properties": {
             k: {"type": "number", "exclusiveMinimum": 0, "maximum": 604800, "default": v}   # at most a week
             for k, v in (("health_s", 900), ("request_s", 900), ("stop_s", 60), ("release_s", 120))}},
+        "progress_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 604800, "default": 10},
         "server_log_max_mib": {"type": "integer", "minimum": 1, "maximum": 1024,  # half of it is held in memory
                                "default": DEFAULT_MAX_BYTES >> 20},
         "estimate": {"type": "object", "additionalProperties": False, "properties": {
@@ -438,16 +442,115 @@ def _secret_errors(suite: dict[str, Any], secrets_hidden: bool) -> list[str]:
     return errors
 
 
+FILE_LINE = ('one JSON object per line, {"name": ..., "prompt": "..."} or {"name": ..., "messages": [{"role": ..., '
+             '"content": ...}, ...]}')
+_MESSAGE = {"role": "a non-empty string", "content": "a string"}
+_MESSAGES = "a list of at least 1 mapping with keys role (a non-empty string) and content (a string)"
+
+
+def _text_problem(value: Any, non_empty: bool) -> str | None:
+    """What keeps `value` from being a prompt's text, and what is allowed; None when it is one."""
+    kind = "a non-empty string" if non_empty else "a string"
+    if not isinstance(value, str) or non_empty and not value:
+        return f"{shown(value, False)} is not {kind}; allowed: {kind}"
+    if "\x00" in value:
+        return "holds a NUL byte; allowed: text without NUL bytes"
+    if PLACEHOLDER.search(value):
+        return ("holds text of the form <secret:N>, which marks hidden secrets on the way to the host; allowed: any "
+                "other text")
+    return None
+
+
+def _workload_problems(obj: Any) -> list[tuple[str, str]]:
+    """(field, what is wrong; allowed: what) for the prompt of one line of a workloads file (not its name)."""
+    if not isinstance(obj, dict):
+        return [("", f"{_type_of(obj)}, not a mapping; allowed: {FILE_LINE}")]
+    out = [(str(k), "unknown field; allowed: name, prompt, messages") for k in obj
+           if k not in ("name", "prompt", "messages")]
+    given = [k for k in ("prompt", "messages") if k in obj]
+    if len(given) != 1:
+        what = "both given" if given else "neither given"
+        return out + [("prompt, messages", f"{what}; allowed: exactly one of prompt (text) or messages ({_MESSAGES})")]
+    if "prompt" in obj:
+        why = _text_problem(obj["prompt"], non_empty=True)
+        return out + ([("prompt", why)] if why else [])
+    messages = obj["messages"]
+    if not isinstance(messages, list) or not messages:
+        return out + [("messages", f"{shown(messages, False)} is not a non-empty list; allowed: {_MESSAGES}")]
+    for i, m in enumerate(messages):
+        at = f"messages[{i}]"
+        if not isinstance(m, dict):
+            out.append((at, f"{_type_of(m)}, not a mapping; allowed: a mapping with keys role and content"))
+            continue
+        out += [(f"{at}.{k}", "unknown field; allowed: role, content") for k in m if k not in ("role", "content")]
+        for key, non_empty in (("role", True), ("content", False)):
+            why = f"missing; allowed: {_MESSAGE[key]}" if key not in m else _text_problem(m[key], non_empty)
+            if why:
+                out.append((f"{at}.{key}", why))
+    return out
+
+
+def _name_problem(obj: dict[str, Any], taken: Mapping[str, str], first: Mapping[str, int]) -> str | None:
+    """What is wrong with the name of a workloads file's line (`first`: the line of each name so far), or None."""
+    name = obj.get("name")
+    if "name" not in obj:
+        return f"missing; allowed: a name of {NAME_TEXT}"
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        return f"{shown(name, False)} is not a valid name; allowed: a name of {NAME_TEXT}"
+    if name in taken:
+        return f"{name!r} is already {taken[name]}; allowed: another name"
+    if name in first:
+        return f"{name!r} is already the name of line {first[name]}; allowed: a name no other line has"
+    return None
+
+
+def read_workloads_file(path: str | None, taken: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
+    """The workloads of `bench_workloads_file` by name (a prompt's text, or its chat messages), and every problem
+    of the file, each naming the file, its line and field. `taken`: names already in use, and by what."""
+    if not path:
+        return {}, []
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        return {}, [f"{PREFIX}workloads_file: cannot read {path}: {exc.strerror or exc}; allowed: a file on the "
+                    f"controller with {FILE_LINE}"]
+    found: dict[str, Any] = {}
+    first: dict[str, int] = {}
+    errors: list[str] = []
+    for n, raw in enumerate(data.split(b"\n"), 1):
+        if not raw.strip():
+            continue
+        at = f"{PREFIX}workloads_file {path} line {n}"
+        try:
+            obj = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            errors.append(f"{at}: not UTF-8 text; allowed: {FILE_LINE}")
+            continue
+        except json.JSONDecodeError as exc:
+            errors.append(f"{at}: not valid JSON ({exc.msg} at column {exc.colno}); allowed: {FILE_LINE}")
+            continue
+        named = _name_problem(obj, taken, first) if isinstance(obj, dict) else None
+        problems = ([("name", named)] if named else []) + _workload_problems(obj)
+        if isinstance(obj, dict) and not named:
+            first[obj["name"]] = n
+        errors += [f"{at}, field {fld}: {why}" if fld else f"{at}: {why}" for fld, why in problems]
+        if not problems:
+            found[obj["name"]] = obj.get("prompt", obj.get("messages"))
+    return found, errors
+
+
 @dataclass(frozen=True)
 class Matrix:
-    """A suite that passed `validate`, with every default filled in, and the phases selected (None: all)."""
+    """A suite that passed `validate`, with every default filled in, the phases selected (None: all) and the
+    workloads read from its `workloads_file`."""
 
     suite: dict[str, Any]
     phases: tuple[str, ...] | None = None
+    file_workloads: dict[str, Any] = field(default_factory=dict)
 
     def hide(self, suite: dict[str, Any]) -> Matrix:
         """The same matrix with its secrets replaced by placeholders (`secrets.split` of `self.suite`)."""
-        return Matrix(with_defaults(suite), self.phases)
+        return Matrix(with_defaults(suite), self.phases, self.file_workloads)
 
 
 def validate(suite: dict[str, Any], phases: list[str] | None = None, *, secrets_hidden: bool = False) -> Matrix:
@@ -459,7 +562,11 @@ def validate(suite: dict[str, Any], phases: list[str] | None = None, *, secrets_
         raise MatrixError("\n".join(errors))
     errors += _secret_errors(suite, secrets_hidden)
     engine = ENGINES[suite["engine"]]
-    known = set(workloads.known()) | set(suite["workloads"])
+    taken = {**{w: "a built-in workload" for w in workloads.known()},
+             **{w: f"a workload of {PREFIX}workloads" for w in suite["workloads"]}}
+    from_file, problems = read_workloads_file(suite["workloads_file"], taken)
+    errors += problems
+    known = set(taken) | set(from_file)
     gpus = suite["gpu_count"]
     max_tp = gpus if gpus > 0 else 1
     max_len = suite["model"].get("max_model_len")
@@ -534,7 +641,7 @@ def validate(suite: dict[str, Any], phases: list[str] | None = None, *, secrets_
             errors.append(f"phases: unknown phase {p!r}; allowed: {', '.join(names)}")
     if errors:
         raise MatrixError("\n".join(errors))
-    return Matrix(suite, tuple(phases) if phases else None)
+    return Matrix(suite, tuple(phases) if phases else None, from_file)
 
 
 def _cells(suite: dict[str, Any], sweep: dict[str, Any]) -> list[dict[str, int | str]]:
@@ -556,7 +663,7 @@ def expand(checked: Matrix | dict[str, Any], phases: list[str] | None = None, *,
     engine = ENGINES[suite["engine"]]
     est = suite["estimate"]
     reps_default = suite["repetitions"]
-    prompts = {**workloads.PROMPTS, **suite["workloads"]}
+    prompts = {**workloads.PROMPTS, **suite["workloads"], **checked.file_workloads}
     out = []
     for phase in suite["phases"]:
         if phases and phase["name"] not in phases:
