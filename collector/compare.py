@@ -1,0 +1,311 @@
+"""One run against another: per matching cell (host, config_id, workload, max_tokens, context_tokens,
+concurrency) B ÷ A of mean tok/s with the report's 95% interval for a ratio of means; the cells only one run has,
+the cells a run failed or skipped, and what differs in the hosts' environments. A cell regressed when B ÷ A is
+below 1 - threshold and its interval lies wholly below 1; improved, symmetrically. The `compare` command exits 1
+when a cell regressed, so that it can gate a CI job after an engine bump."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional
+
+from agent import records
+
+from .environment import differences
+from .load import Run, Summary, load_run
+from .mdtable import pipe_rows
+from .report import _cell_text, _na, _ratio, _ratio_text, _records, _significant, _tok_text, table
+from .views import budget_key, cell_text, fit_rows, outcomes, wrap
+
+KEY = ("host", "config_id", *records.CELL)  # a cell of one run matches the cell of the other with the same key
+# A cell's verdict, as the JSON gives it; the text says it in words (Comparison.words).
+VERDICTS = ("regressed", "improved", "slower_within_threshold", "faster_within_threshold", "not_significant",
+            "no_interval", "not_ok", "only_a", "only_b")
+
+
+@dataclass(frozen=True)
+class Side:
+    """A cell as one run measured it: ok requests, mean and sample std of their tok/s, and its status: `ok`, or
+    why it has no number, as views.cell_text words it (`failed: oom`, `skipped: baseline_failed`, `no data`)."""
+
+    n: int
+    tok_s_mean: Optional[float]
+    tok_s_std: Optional[float]
+    status: str
+
+    def summary(self) -> Summary:
+        return self.n, self.tok_s_mean, self.tok_s_std
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell of either run or both: what it is (from A where A has it), each side, B ÷ A and its verdict."""
+
+    host: str
+    engine: str
+    model: str
+    tp: Optional[int]
+    workload: Optional[str]
+    max_tokens: Optional[int]
+    context_tokens: Optional[int]
+    concurrency: Optional[int]
+    config_id: str
+    method: str
+    method_params: str
+    a: Optional[Side]
+    b: Optional[Side]
+    ratio: Optional[float] = None
+    ci_low: Optional[float] = None
+    ci_high: Optional[float] = None
+    verdict: str = ""
+
+    def cell(self) -> str:
+        """`fib, 128 tok`: the cell in words."""
+        return _cell_text({k: getattr(self, k) for k in records.CELL})
+
+    def name(self) -> str:
+        """`h1 tp1-dflash, fib, 128 tok`."""
+        return f"{self.host} {self.config_id}, {self.cell()}"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Every cell of run A and run B (`rows`), sorted as the report sorts them with budgets by number, and what
+    differs in their hosts' environments: (host, label, value in A, value in B)."""
+
+    run_a: str
+    run_b: str
+    threshold: float
+    rows: list[Cell]
+    environment: list[tuple[str, str, str, str]] = field(default_factory=list)
+
+    @property
+    def regressed(self) -> list[Cell]:
+        return self.having("regressed")
+
+    @property
+    def percent(self) -> str:
+        """The threshold as a percentage: `5%`, `2.50%`."""
+        return f"{self.threshold:.0%}" if round(self.threshold * 100, 6).is_integer() else f"{self.threshold:.2%}"
+
+    def having(self, verdict: str) -> list[Cell]:
+        return [c for c in self.rows if c.verdict == verdict]
+
+    def counts(self) -> dict[str, int]:
+        """How many cells have each verdict, every verdict named."""
+        return {v: len(self.having(v)) for v in VERDICTS}
+
+    def words(self, verdict: str) -> str:
+        """A verdict in a few words: `slower < 5%` for a significant slowdown within the threshold."""
+        return {"slower_within_threshold": f"slower < {self.percent}", "faster_within_threshold":
+                f"faster < {self.percent}", "not_significant": "not significant", "no_interval": "no interval",
+                "not_ok": "failed or skipped", "only_a": "only in A", "only_b": "only in B"}.get(verdict, verdict)
+
+    def to_json(self) -> str:
+        doc = {"run_a": self.run_a, "run_b": self.run_b, "threshold": self.threshold, "counts": self.counts(),
+               "regressed": [c.name() for c in self.regressed],
+               "environment": [dict(zip(("host", "label", "a", "b"), d)) for d in self.environment],
+               "cells": [asdict(c) for c in self.rows]}
+        return json.dumps(doc, indent=2) + "\n"
+
+    def text(self, wide: bool = False) -> str:
+        """Markdown: the verdicts, the environment, a table per cell of those both runs measured, then the rest;
+        within 120 columns. `wide`: one table of every cell with every column instead."""
+        md = self._head()
+        if wide:
+            md += ["", "## Every cell", "", pipe_rows([_wide_row(c) for c in self.rows])]
+        else:
+            md += self._tables()
+            md += self._list("Failed or skipped in a run", "not_ok",
+                             lambda c: f"A {_side_text(c.a)}; B {_side_text(c.b)}")
+            md += self._list("Only in A", "only_a", lambda c: _side_text(c.a))
+            md += self._list("Only in B", "only_b", lambda c: _side_text(c.b))
+        return "\n".join(md) + "\n"
+
+    def _head(self) -> list[str]:
+        counts = "; ".join(f"{n} {self.words(v)}" for v, n in self.counts().items() if n) or "none"
+        rule = (f"Per cell B ÷ A of mean tok/s with its 95% interval. A cell regressed when B ÷ A is below "
+                f"{1 - self.threshold:.2f} (threshold {self.percent}) and the interval lies below 1; improved when it "
+                f"is above {1 + self.threshold:.2f} and the interval lies above 1.")
+        md = [f"# Run {self.run_b} (B) against run {self.run_a} (A)", "", *wrap(rule, indent=""), "",
+              *wrap(f"{len(self.rows)} cells: {counts}")]
+        md += self._list("Regressed", "regressed", _ratio_of) + self._list("Improved", "improved", _ratio_of)
+        differ = _bullets(f"{host} {label}: {va} → {vb}" for host, label, va, vb in self.environment)
+        return md + ["", "## Environment differences", "", *(differ or ["none"])]
+
+    def _list(self, title: str, verdict: str, what: Callable[[Cell], str]) -> list[str]:
+        """A section listing the cells with this verdict, each named with `what` of it; nothing when none."""
+        cells = self.having(verdict)
+        return ["", f"## {title}", "", *_bullets(f"{c.name()}: {what(c)}" for c in cells)] if cells else []
+
+    def _tables(self) -> list[str]:
+        """The cells both runs measured: a table per host, tp and cell, a row per config."""
+        groups: dict[tuple[Any, ...], list[Cell]] = {}
+        for c in self.rows:
+            if c.verdict not in ("not_ok", "only_a", "only_b"):
+                groups.setdefault((c.host, c.tp, *(getattr(c, k) for k in records.CELL)), []).append(c)
+        md = ["", "## Cells both runs measured"] if groups else []
+        for cells in groups.values():
+            first = cells[0]
+            tp = "" if first.tp is None else f" tp{first.tp}"
+            rows = [{"config": c.config_id, "A tok/s": _side_text(c.a, ""), "B tok/s": _side_text(c.b, ""),
+                     "B ÷ A [95%]": _ratio_of(c), "verdict": self.words(c.verdict)}
+                    for c in cells]
+            md += ["", f"### {first.host}{tp}: {first.cell()}", "", *fit_rows(rows, ["config"])]
+        return md
+
+
+def _bullets(items: Iterable[str]) -> list[str]:
+    return [line for item in items for line in wrap(f"- {item}")]
+
+
+def _ratio_of(c: Cell) -> str:
+    return _ratio_text(c.ratio, c.ci_low, c.ci_high)
+
+
+def _side_text(side: Optional[Side], unit: str = " tok/s") -> str:
+    if side is None:
+        return "-"
+    return _tok_text(side.tok_s_mean, side.tok_s_std, side.n, unit) or side.status
+
+
+def _wide_row(c: Cell) -> dict[str, str]:
+    """Every field of the cell, each side's prefixed a_ or b_."""
+    def text(v: Any) -> str:
+        return "" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))
+
+    values = asdict(c)
+    row = {k: text(values[k]) for k in ("host", "engine", "model", "tp", *records.CELL, "config_id", "method",
+                                         "method_params")}
+    for label, side in (("a", c.a), ("b", c.b)):
+        shown = asdict(side) if side else dict.fromkeys(f.name for f in fields(Side))
+        row.update({f"{label}_{k}": text(v) for k, v in shown.items()})
+    return {**row, **{k: text(values[k]) for k in ("ratio", "ci_low", "ci_high", "verdict")}}
+
+
+def _plain(v: Any) -> Any:
+    """A table value as JSON takes it: None for a missing one, Python int and float for numpy's."""
+    if _na(v):
+        return None
+    return v.item() if hasattr(v, "item") else v
+
+
+def _sides(run: Run) -> dict[tuple[Any, ...], tuple[dict[str, Any], Side]]:
+    """The run's table rows by KEY: each row as the table gives it, and its side; a side is `ok` when it has a
+    mean tok/s, else its status in the words of views.cell_text (`failed: oom`, `no data`, `no ok request`)."""
+    done = outcomes(run)
+    out = {}
+    for values in _records(table(run)):
+        r = {k: _plain(v) for k, v in values.items()}
+        ok = r["status"] == "ok" and r["tok_s_mean"] is not None
+        status = "ok" if ok else cell_text(r, done.get((r["host"], r["config_id"])))
+        out[tuple(r[k] for k in KEY)] = (r, Side(int(r["n"] or 0), r["tok_s_mean"], r["tok_s_std"], status))
+    return out
+
+
+def _verdict(ratio: Optional[float], lo: Optional[float], hi: Optional[float], threshold: float) -> str:
+    sig = _significant(lo, hi)
+    if ratio is None or not sig:
+        return "no_interval"
+    if sig == "slower":
+        return "regressed" if ratio < 1 - threshold else "slower_within_threshold"
+    if sig == "faster":
+        return "improved" if ratio > 1 + threshold else "faster_within_threshold"
+    return "not_significant"
+
+
+def _order(row: dict[str, Any]) -> tuple[Any, ...]:
+    """The report's order (host, tp, cell), then the methods' (views.budget_key: the baseline first, DDTree budgets
+    by number)."""
+    cell = [(row[k] is None, row[k]) for k in ("host", "tp", *records.CELL)]
+    return (*cell, budget_key(row["method"], row["method_params"]), row["config_id"])
+
+
+def compare(a: Run, b: Run, threshold: float = 0.05) -> Comparison:
+    """Run B against run A, cell by cell (module docstring)."""
+    sides_a, sides_b = _sides(a), _sides(b)
+    rows = []
+    for key in dict.fromkeys([*sides_a, *sides_b]):
+        row = (sides_a.get(key) or sides_b[key])[0]
+        side_a, side_b = (sides_a[key][1] if key in sides_a else None), (sides_b[key][1] if key in sides_b else None)
+        ratio = lo = hi = None
+        if side_a is None or side_b is None:
+            verdict = "only_a" if side_b is None else "only_b"
+        elif side_a.status != "ok" or side_b.status != "ok":
+            verdict = "not_ok"
+        else:
+            if side_a.tok_s_mean and side_b.tok_s_mean is not None:
+                ratio = side_b.tok_s_mean / side_a.tok_s_mean
+                lo, hi = _ratio(side_b.summary(), side_a.summary())
+            verdict = _verdict(ratio, lo, hi, threshold)
+        rows.append((_order(row), Cell(
+            **{k: row[k] for k in ("host", "engine", "model", "tp", *records.CELL, "config_id", "method",
+                                   "method_params")},
+            a=side_a, b=side_b, ratio=ratio, ci_low=lo, ci_high=hi, verdict=verdict)))
+    rows.sort(key=lambda pair: pair[0])
+    return Comparison(run_a=_run_id(a), run_b=_run_id(b), threshold=threshold, rows=[c for _, c in rows],
+                      environment=differences(a, b))
+
+
+def _run_id(run: Run) -> str:
+    return str(run.meta.get("run_id") or run.root.name)
+
+
+def _load(path: str) -> Optional[Run]:
+    """The run in `path`, or None (said on stderr) when there is no such folder, it cannot be read, or it holds
+    no config."""
+    root = Path(path)
+    if not root.is_dir():
+        print(f"no such run folder: {root}", file=sys.stderr)
+        return None
+    try:
+        run = load_run(root)
+    except OSError as exc:
+        print(f"{root}: unreadable ({exc.strerror or exc})", file=sys.stderr)
+        return None
+    for p in run.problems:
+        print(f"warning: {p}", file=sys.stderr)
+    if not run.configs:
+        print(f"{root}: no config results in this run folder", file=sys.stderr)
+        return None
+    return run
+
+
+def main(args: argparse.Namespace) -> int:
+    """Print the comparison of args.run_b against args.run_a; 1 when a cell regressed, 2 when a run folder is
+    missing, unreadable or empty, else 0."""
+    a, b = _load(args.run_a), _load(args.run_b)
+    if a is None or b is None:
+        return 2
+    result = compare(a, b, args.threshold)
+    sys.stdout.write(result.to_json() if args.format == "json" else result.text(wide=args.wide))
+    return 1 if result.regressed else 0
+
+
+def _threshold(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a fraction from 0 up to (not including) 1")
+    return value
+
+
+def add_parser(sub: Any) -> None:
+    """The `compare` subcommand, on the subparsers `sub` of the collector's command line."""
+    p = sub.add_parser("compare", help="compare two runs cell by cell; exit 1 when a cell regressed",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_a", metavar="RUN_A", help="the reference run's folder (results/<run_id>), e.g. before an "
+                   "engine bump")
+    p.add_argument("run_b", metavar="RUN_B", help="the run to judge against it, e.g. after the bump")
+    p.add_argument("--threshold", type=_threshold, default=0.05,
+                   help="a cell regressed when B ÷ A of its tok/s is below 1 - THRESHOLD and its 95%% interval lies "
+                        "below 1 (a fraction: 0.05 is 5%%; default: %(default)s)")
+    p.add_argument("--format", choices=("md", "json"), default="md", help="markdown text or JSON (default: md)")
+    p.add_argument("--wide", action="store_true", help="markdown: one table with every column instead of "
+                   "tables per cell that fit 120 columns")
+    p.set_defaults(func=main)
