@@ -6,6 +6,7 @@ check, which is never a baseline nor a row of the table)."""
 from __future__ import annotations
 
 import json
+import numbers
 from typing import Any
 
 import numpy as np
@@ -17,9 +18,11 @@ from agent.pack import PACK_SUFFIX
 
 from . import PACK_FILE as PACK_FILE  # re-exported: the names the tests and the CLI know them by
 from . import VS_FILE as VS_FILE
+from .environment import environment
 from .load import NONE, ConfigResult, Run, Summary
 from .mdtable import pipe_rows, pipe_table
 from .stats import ratio_ci_of
+from .views import AR, KEYS, WIDTH, budget, budget_key, by_workload, fit_rows, outcomes, wrap
 
 CELL = ["host", "engine", "model", "tp", *records.CELL]  # a row of the table; a spec row pairs with the baseline's
 COLUMNS = CELL + ["config_id", "method", "method_params", "n", "errors", "tok_s_mean", "tok_s_std", "speedup",
@@ -254,14 +257,6 @@ def scheduling(c: ConfigResult) -> str | None:
     return "overlap" if str(env.get(SPEC_V2, "")).strip().lower() in ("1", "true") else "no_overlap"
 
 
-def _budget(method_params: str) -> int | None:
-    try:
-        budget = json.loads(method_params).get("budget")
-    except (TypeError, ValueError, AttributeError):
-        return None
-    return budget if isinstance(budget, int) and not isinstance(budget, bool) else None
-
-
 def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
     """The frame's rows as dicts, each value as iterrows() gives it (it reads the same df.values)."""
     columns = list(df.columns)
@@ -293,7 +288,7 @@ def ddtree_vs_dflash(run: Run, df: pd.DataFrame | None = None) -> pd.DataFrame:
         if not trees or not flashes:
             continue
         for t in trees:
-            t["budget"] = _budget(t["method_params"])
+            t["budget"] = budget(t["method_params"])
         trees.sort(key=lambda r: (r["budget"] is None, r["budget"] or 0, r["config_id"]))
         for t in trees:
             a = samples.get((t["host"], t["config_id"], *(t[k] for k in records.CELL)), NONE)
@@ -396,21 +391,31 @@ def _cell_text(k: dict[str, Any]) -> str:
     return ", ".join(cell)
 
 
-def pack_markdown(checked: pd.DataFrame) -> list[str]:
+def _text(text: str, wide: bool, indent: str = "") -> list[str]:
+    """A paragraph or list item: one line when wide, else wrapped to WIDTH (views.wrap)."""
+    return [text] if wide else wrap(text, WIDTH, indent)
+
+
+def _table(rows: list[dict[str, str]], keys: list[str], wide: bool) -> list[str]:
+    """A pipe table of the rows: whole when wide, else split by columns to fit WIDTH, `keys` in every part."""
+    return pipe_rows(rows).splitlines() if wide else fit_rows(rows, keys, WIDTH)
+
+
+def pack_markdown(checked: pd.DataFrame, wide: bool = True) -> list[str]:
     """The pack checks in markdown: what each one measured beside, then one row per cell; nothing at all when the
-    run has none."""
+    run has none. Not `wide`: fits WIDTH columns."""
     if checked.empty:
         return []
     md = ["## Baseline alone vs packed", "",
-          "Each packed phase's baseline is measured alone, then again (the pack check) while the phase's other "
-          "configs run beside it on the other slots. Per cell: its tok/s alone and packed (mean ± sample std, n) "
-          "and packed ÷ alone with its 95% interval (as for the speedup). Below 1, running beside the others slowed "
-          "the baseline; the table's speedups are against the baseline measured alone.", ""]
+          *_text("Each packed phase's baseline is measured alone, then again (the pack check) while the phase's other "
+                 "configs run beside it on the other slots. Per cell: its tok/s alone and packed (mean ± sample std, "
+                 "n) and packed ÷ alone with its 95% interval (as for the speedup). Below 1, running beside the others "
+                 "slowed the baseline; the table's speedups are against the baseline measured alone.", wide), ""]
     records_ = _records(checked)
     for r in {(r["host"], r["pack_check_config_id"]): r for r in records_}.values():
         near = r["beside"] or "no other config was in its timed requests at the same time"
-        md.append(f"- {r['host']} `{r['pack_check_config_id']}` (`{r['baseline_config_id']}` measured again), "
-                  f"measuring beside: {near}")
+        md += _text(f"- {r['host']} `{r['pack_check_config_id']}` (`{r['baseline_config_id']}` measured again), "
+                    f"measuring beside: {near}", wide)
     rows = []
     for r in records_:
         rows.append({"host": str(r["host"]), "tp": "" if _na(r["tp"]) else str(r["tp"]), "cell": _cell_text(r),
@@ -422,7 +427,7 @@ def pack_markdown(checked: pd.DataFrame) -> list[str]:
                      "packed ÷ alone": _ratio_text(r["packed_over_alone"], r["packed_over_alone_ci_low"],
                                                    r["packed_over_alone_ci_high"]),
                      "significant": str(r["packed_over_alone_significant"])})
-    return md + ["", pipe_rows(rows)]
+    return md + ["", *_table(rows, ["host", "tp", "cell"], wide)]
 
 
 def _fmt(v: Any, digits: int = 2) -> str:
@@ -432,14 +437,19 @@ def _fmt(v: Any, digits: int = 2) -> str:
 
 
 def hand_run_lines(df: pd.DataFrame) -> list[str]:
-    """Per config, one `fib: 26.4 ± 0.1 tok/s` line per cell, as the original hand-run printed."""
+    """Per config, one `fib: 26.4 ± 0.1 tok/s` line per cell, as the original hand-run printed; per host, configs
+    by tp, then in budget_key's order."""
     lines = []
     several_lengths = len(set(df["max_tokens"].dropna())) > 1
     groups: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
     for r in _records(df):
         if not _na(r["host"]) and not _na(r["config_id"]):  # as groupby() leaves them out
             groups.setdefault((r["host"], r["config_id"]), []).append(r)
-    for (host, cid), g in groups.items():
+    hosts = {h: i for i, h in enumerate(dict.fromkeys(h for h, _ in groups))}
+    first = {key: g[0] for key, g in groups.items()}
+    for host, cid in sorted(groups, key=lambda k: (hosts[k[0]], _order(first[k]["tp"], first[k]["method"],
+                                                                       first[k]["method_params"], k[1]))):
+        g = groups[(host, cid)]
         lines.append(f"{host} {cid}:")
         for r in g:
             qual = []
@@ -487,23 +497,24 @@ def _ratio_text(ratio: Any, lo: Any, hi: Any) -> str:
     return f"{ratio:.2f}" + ("" if _na(lo) or _na(hi) else f" [{lo:.2f}, {hi:.2f}]")
 
 
-def vs_markdown(run: Run, vs: pd.DataFrame) -> list[str]:
+def vs_markdown(run: Run, vs: pd.DataFrame, wide: bool = True) -> list[str]:
     """The DDTree-against-DFlash view in markdown: per table group one table, a row per DDTree config and a
-    ratio column per DFlash config; nothing at all when the run has no such group."""
+    ratio column per DFlash config; nothing at all when the run has no such group. Not `wide`: fits WIDTH
+    columns."""
     if vs.empty:
         return []
-    outcomes = {(c.host, c.config_id): c.status.get("status") for c in run.configs}
+    outcome_of = outcomes(run)
 
     def status_text(host: str, cid: str, status: Any) -> str:
-        outcome = outcomes.get((host, cid))
+        outcome = outcome_of.get((host, cid))
         return str(status) if outcome in (None, "ok", status) else f"{outcome}: {status}"
 
     several = len(vs[["engine", "model"]].drop_duplicates()) > 1
     md = ["## DDTree budgets against DFlash", "",
-          "Per host, tp and cell: each DDTree config's tok/s (mean ± sample std), its speedup over the baseline and "
-          "DDTree ÷ DFlash tok/s for every DFlash config, each ratio with its 95% interval (as for the speedup). "
-          "DDTree runs without overlap scheduling; *same path* marks the DFlash config that does too "
-          f"(`{NO_OVERLAP_FLAG}` in its server arguments, or no `{SPEC_V2}` in its environment)."]
+          *_text("Per host, tp and cell: each DDTree config's tok/s (mean ± sample std), its speedup over the baseline "
+                 "and DDTree ÷ DFlash tok/s for every DFlash config, each ratio with its 95% interval (as for the "
+                 "speedup). DDTree runs without overlap scheduling; *same path* marks the DFlash config that does too "
+                 f"(`{NO_OVERLAP_FLAG}` in its server arguments, or no `{SPEC_V2}` in its environment).", wide)]
     groups: dict[int, list[dict[str, Any]]] = {}
     for g, r in zip(vs.groupby(CELL, sort=False, dropna=False).ngroup().tolist(), _records(vs)):
         groups.setdefault(g, []).append(r)  # numbered as they first appear
@@ -520,7 +531,7 @@ def vs_markdown(run: Run, vs: pd.DataFrame) -> list[str]:
                     "overlap off: same path as DDTree" if same else "overlap on")
             shown = _tok_text(f["dflash_tok_s_mean"], f["dflash_tok_s_std"], f["dflash_n"], " tok/s")
             shown = shown or status_text(f["host"], f["dflash_config_id"], f["dflash_status"])
-            md.append(f"- DFlash `{f['dflash_config_id']}`: {shown}; {path}")
+            md += _text(f"- DFlash `{f['dflash_config_id']}`: {shown}; {path}", wide)
             columns[f["dflash_config_id"]] = f"÷ {f['dflash_config_id']}" + (" (same path)" if same is True else "")
         trees: dict[Any, list[dict[str, Any]]] = {}
         for pair in groups[g]:
@@ -536,14 +547,15 @@ def vs_markdown(run: Run, vs: pd.DataFrame) -> list[str]:
                     pair["ddtree_over_dflash"], pair["ddtree_over_dflash_ci_low"], pair["ddtree_over_dflash_ci_high"])
             row["status"] = status_text(first["host"], tid, first["ddtree_status"])
             rows.append(row)
-        md += ["", pipe_rows(rows)]
+        md += ["", *_table(rows, ["budget", "config_id"], wide)]
     return md
 
 
 def timing(run: Run) -> pd.DataFrame:
-    """Per config: engine startup (ready_s), wall time, time in timed requests, and the overhead."""
+    """Per config (per host, in _order): engine startup (ready_s), wall time, time in timed requests, and the
+    overhead."""
     rows = []
-    for c in run.configs:
+    for c in sorted(run.configs, key=lambda c: (c.host, _config_order(c))):
         st = c.status
         wall, timed = st.get("wall_s"), st.get("timed_s")
         rows.append({"host": c.host, "config_id": c.config_id, "status": st.get("reason") or st.get("status"),
@@ -574,7 +586,108 @@ def dumps_indented(doc: dict[str, Any]) -> str:
     return "{\n" + ",\n".join(parts) + "\n}"
 
 
-def render(run: Run, fmt: str) -> str:
+def _order(tp: Any, method: Any, method_params: Any, config_id: str) -> tuple[Any, ...]:
+    """Where a config goes among a host's: by tp, then budget_key (DDTree budgets by number), then its id."""
+    tp = int(tp) if isinstance(tp, numbers.Integral) and not isinstance(tp, bool) else None
+    return tp is None, tp or 0, budget_key(str(method), method_params), config_id
+
+
+def _config_order(c: ConfigResult) -> tuple[Any, ...]:
+    ident = c.identity()
+    return _order(ident["tp"], ident["method"], ident["method_params"], c.config_id)
+
+
+def by_budget(df: pd.DataFrame) -> pd.DataFrame:
+    """The table's rows with each cell's configs in budget_key's order (DDTree budgets by number), the cells in
+    the table's order."""
+    if df.empty:
+        return df
+    cell = df.groupby(["host", "tp", *records.CELL], sort=False, dropna=False).ngroup().tolist()
+    keys = [budget_key(m, p) for m, p in zip(df["method"], df["method_params"])]
+    cids = df["config_id"].tolist()
+    return df.iloc[sorted(range(len(df)), key=lambda i: (cell[i], keys[i], cids[i]))].reset_index(drop=True)
+
+
+def environment_markdown(run: Run, wide: bool) -> list[str]:
+    """Per host, what it was measured on (environment.environment), as one list item; nothing when nothing is
+    known. Not `wide`: an item is wrapped between its facts where it can be."""
+    env = {host: pairs for host, pairs in environment(run).items() if pairs}
+    if not env:
+        return []
+    md = ["## Environment", ""]
+    for host, pairs in env.items():
+        facts = [f"{label} {value}" for label, value in pairs]
+        if wide or any(len(f) > WIDTH // 2 for f in facts):
+            md += _text(f"- {host}: " + "; ".join(facts), wide)
+            continue
+        glued = [f.replace(" ", "\N{NO-BREAK SPACE}") for f in facts]  # a line breaks between facts only
+        md += [line.replace("\N{NO-BREAK SPACE}", " ") for line in wrap(f"- {host}: " + "; ".join(glued), WIDTH, "")]
+    return md + [""]
+
+
+def methods_markdown(run: Run, df: pd.DataFrame, wide: bool) -> list[str]:
+    """The main table (views.by_workload): per host and tp, a row per cell and a column per config that measures
+    any of its cells. Not `wide`: each split by columns to fit WIDTH, the cell in every part."""
+    view = by_workload(df, outcomes(run))
+    labels = [c for c in view.columns if c not in KEYS]
+    groups: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for r in _records(view):
+        groups.setdefault((r["host"], r["tp"]), []).append(r)
+    if not groups:
+        return []
+    md = [*_text("Per host and tp, a row per cell and a column per config: tok/s (the mean over ok requests) and "
+                 f"its speedup over the autoregressive baseline ({AR}), or why there is no number.", wide)]
+    for (host, tp), recs in groups.items():
+        shown = [lab for lab in labels if any(r[lab] for r in recs)]
+        rows = [{"cell": _cell_text(r), **{lab: r[lab] for lab in shown}} for r in recs]
+        md += ["", f"### {host} tp{'?' if _na(tp) else tp}", "", *_table(rows, ["cell"], wide)]
+    return md
+
+
+def full_markdown(df: pd.DataFrame) -> list[str]:
+    """Every column of the table but the engine, model, method, params and checks, its configs in budget order."""
+    shown = by_budget(df)
+    for col in ("tok_s_mean", "tok_s_std", "speedup", "speedup_ci_low", "speedup_ci_high", "accept_length_mean",
+                "cv", "burst_tok_s_mean", "burst_speedup", "burst_speedup_ci_low", "burst_speedup_ci_high"):
+        shown[col] = shown[col].map(_fmt)
+    for col in ("ttft_mean_s", "tpot_mean_s"):
+        shown[col] = shown[col].map(lambda v: _fmt(v, 3))
+    return [pipe_table(shown.drop(columns=["engine", "model", "method", "method_params", "checks"]))]
+
+
+def cross_host_markdown(df: pd.DataFrame, wide: bool) -> list[str]:
+    """cross_host(df), its configs in budget order; nothing with fewer than two hosts. Not `wide`: the cell in one
+    column, split by columns to fit WIDTH."""
+    hosts = cross_host(df)
+    if hosts.empty:
+        return []
+    first = df.drop_duplicates("config_id").set_index("config_id")
+    order = {cid: _order(r["tp"], r["method"], r["method_params"], str(cid)) for cid, r in first.iterrows()}
+    position = sorted(range(len(hosts)), key=lambda i: (order[hosts["config_id"].iat[i]], i))
+    hosts = hosts.iloc[position].reset_index(drop=True)
+    md = ["## Across hosts", ""]
+    if wide:
+        return md + [pipe_table(hosts, floatfmt=".2f")]
+    rows = [{"config_id": str(r["config_id"]), "cell": _cell_text(r),
+             **{k: _fmt(v) for k, v in r.items() if k not in ("config_id", *records.CELL)}} for r in _records(hosts)]
+    return md + _table(rows, ["config_id", "cell"], wide)
+
+
+def timing_markdown(run: Run, wide: bool) -> list[str]:
+    """timing(run) in markdown; nothing for a run without configs. Not `wide`: split by columns to fit WIDTH."""
+    t = timing(run)
+    if t.empty:
+        return []
+    md = ["## Time per config (seconds)", ""]
+    if wide:
+        return md + [pipe_table(t, floatfmt=".1f")]
+    rows = [{k: _fmt(v, 1) for k, v in r.items()} for r in _records(t)]
+    return md + _table(rows, ["host", "config_id"], wide)
+
+
+def render(run: Run, fmt: str, wide: bool = False) -> str:
+    """The report as csv, json or md. The md fits WIDTH columns, its main table the methods as columns per cell;
+    `wide` adds the full table and lays every table out whole."""
     df = table(run)
     if fmt == "csv":
         return df.to_csv(index=False, float_format="%.4f")
@@ -585,33 +698,23 @@ def render(run: Run, fmt: str) -> str:
         packed = json.loads(pack_check(run).to_json(orient="records", double_precision=6))
         return dumps_indented({"run": run.meta, "rows": records, "cross_host": hosts, "ddtree_vs_dflash": vs,
                                "baseline_alone_vs_packed": packed, "problems": run.problems}) + "\n"
-    md = [f"# Run {run.meta.get('run_id', run.root.name)}", ""]
-    md += ["```", *hand_run_lines(df), "```", "", "## Speedup vs the autoregressive baseline", ""]
-    shown = df.copy()
-    for col in ("tok_s_mean", "tok_s_std", "speedup", "speedup_ci_low", "speedup_ci_high", "accept_length_mean",
-                "cv", "burst_tok_s_mean", "burst_speedup", "burst_speedup_ci_low", "burst_speedup_ci_high"):
-        shown[col] = shown[col].map(_fmt)
-    for col in ("ttft_mean_s", "tpot_mean_s"):
-        shown[col] = shown[col].map(lambda v: _fmt(v, 3))
-    md.append(pipe_table(shown.drop(columns=["engine", "model", "method", "method_params", "checks"])))
-    checked = df[df["checks"].astype(bool)].drop_duplicates(["host", "config_id"])
-    if not checked.empty:
-        packed = checked["flags"].str.split(",").map(lambda f: "packed" in f).any()
-        md += ["", "## Checks that did not pass" + (", and packing" if packed else ""), "",
-               *[f"- {r['host']} {r['config_id']} [{r['flags']}]: {r['checks']}" for _, r in checked.iterrows()]]
-    pack = pack_markdown(pack_check(run))
-    if pack:
-        md += ["", *pack]
-    hosts = cross_host(df)
-    if not hosts.empty:
-        md += ["", "## Across hosts", "", pipe_table(hosts, floatfmt=".2f")]
-    vs = vs_markdown(run, ddtree_vs_dflash(run, df))
-    if vs:
-        md += ["", *vs]
-    t = timing(run)
-    if not t.empty:
-        md += ["", "## Time per config (seconds)", "",
-               pipe_table(t, floatfmt=".1f")]
-    if run.problems:
-        md += ["", "## Problems in the results (skipped)", "", *[f"- {p}" for p in run.problems]]
+    seed = hand_run_lines(df)
+    md = [f"# Run {run.meta.get('run_id', run.root.name)}", "", *environment_markdown(run, wide)]
+    md += ["```", *(seed if wide else [part for line in seed for part in wrap(line, WIDTH)]), "```", ""]
+    md += ["## Speedup vs the autoregressive baseline", "", *methods_markdown(run, df, wide)]
+    if wide:
+        md += ["", "## Every column", "", *full_markdown(df)]
+    checked = _records(df[df["checks"].astype(bool)].drop_duplicates(["host", "config_id"]))
+    if checked:
+        packed = any("packed" in r["flags"].split(",") for r in checked)
+        md += ["", "## Checks that did not pass" + (", and packing" if packed else ""), ""]
+        for r in sorted(checked, key=lambda r: (r["host"], _order(r["tp"], r["method"], r["method_params"],
+                                                                  r["config_id"]))):
+            md += _text(f"- {r['host']} {r['config_id']} [{r['flags']}]: {r['checks']}", wide)
+    for section in (pack_markdown(pack_check(run), wide), cross_host_markdown(df, wide),
+                    vs_markdown(run, ddtree_vs_dflash(run, df), wide), timing_markdown(run, wide)):
+        if section:
+            md += ["", *section]
+    if run.problems:  # each whole on its line, for the file (and line) it names
+        md += ["", "## Problems in the results (skipped)", "", "```", *[f"- {p}" for p in run.problems], "```"]
     return "\n".join(md) + "\n"

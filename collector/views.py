@@ -114,11 +114,13 @@ def wrap(text: str, width: int = WIDTH, indent: str = "  ") -> list[str]:
     """`text` in lines of at most `width` characters: its leading blanks and list mark (`- `) start the first,
     the lines after it are aligned under its text and indented by `indent` more. A word longer than a line (a
     path) is kept whole on a line of its own."""
+    if len(text) <= width:
+        return [text]
     lead = re.match(r" *(?:- )?", text)
     prefix = lead.group(0) if lead else ""
     return textwrap.wrap(text[len(prefix):], width, initial_indent=prefix,
                          subsequent_indent=" " * len(prefix) + indent, break_long_words=False,
-                         break_on_hyphens=False) or [prefix.rstrip()]
+                         break_on_hyphens=False) or [""]
 
 
 def fit_rows(rows: list[dict[str, str]], keys: list[str], width: int = WIDTH) -> list[str]:

@@ -156,7 +156,7 @@ def test_three_budgets_against_two_dflash_configs(tmp_path: Path) -> None:
 def test_markdown_table_per_cell(tmp_path: Path) -> None:
     """The md report: one table per cell group holding both methods, a row per budget, a ratio column per DFlash
     config with the non-overlap one marked; none for json."""
-    md = render(load_run(write_run(tmp_path)), "md")
+    md = render(load_run(write_run(tmp_path)), "md", wide=True)  # each table whole (by default split to fit)
     view = view_of(md)
     assert "### gpu1 tp1: fib, 64 tok" in view and "### gpu1 tp1: qsort, 64 tok" in view
     assert "json" not in view
@@ -206,7 +206,7 @@ def test_failed_budget_is_shown_with_its_reason(tmp_path: Path) -> None:
         assert all(pd.isna(r[c]) for c in ("ddtree_tok_s_mean", "speedup", "ddtree_over_dflash",
                                             "ddtree_over_dflash_ci_low"))
     assert fib[("tp1-ddtree-b8", "tp1-plain")]["ddtree_over_dflash"] == pytest.approx(2.0)
-    md = render(run, "md")
+    md = render(run, "md", wide=True)
     view = view_of(md)
     b32 = [line for line in view.splitlines() if "tp1-ddtree-b32" in line]
     assert len(b32) == 1  # fib only: b32 is not in the qsort sweep
@@ -221,7 +221,7 @@ def test_failed_dflash_config_keeps_its_column(tmp_path: Path) -> None:
     assert fib[("tp1-ddtree-b8", "tp1-spec2")]["dflash_status"] == "crashed"
     assert pd.isna(fib[("tp1-ddtree-b8", "tp1-spec2")]["ddtree_over_dflash"])
     assert fib[("tp1-ddtree-b8", "tp1-plain")]["ddtree_over_dflash"] == pytest.approx(2.0)
-    view = view_of(render(run, "md"))
+    view = view_of(render(run, "md", wide=True))
     assert "- DFlash `tp1-spec2`: failed: crashed; overlap on" in view
     b8 = next(line for line in view.splitlines() if "tp1-ddtree-b8" in line)
     assert [c.strip() for c in b8.strip("|").split("|")][4:] == [

@@ -10,6 +10,7 @@ import csv
 import io
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,12 @@ BASE, CHECK = "tp1-autoregressive", "tp1-autoregressive-packed"
 T4 = 2.7764451051977987  # Student t 0.975 quantile, 4 degrees of freedom
 HALF = T4 * math.sqrt(1 / 54)  # every sample below is mean x (5/6, 1, 7/6): the interval is ratio x exp(+-HALF)
 QSORT = ("qsort", MAX_TOKENS, 0, 1)
+
+
+def unwrapped(md: str) -> str:
+    """The md report with each wrapped paragraph or list item back on one line (the default md fits 120
+    columns)."""
+    return re.sub(r"\n +(?=\S)", " ", md)
 
 
 def near(cid: str, slot: int, up: float, timed: float) -> dict[str, Any]:
@@ -84,7 +91,7 @@ def test_a_config_beside_others_is_flagged_packed_with_its_neighbours_named(run_
     assert ngram["checks"].startswith("packed beside tp1-autoregressive-packed (slot 0: 30.0 s up together, 0.0 s")
     md = render(load_run(run_dir), "md")
     assert "## Checks that did not pass, and packing" in md
-    assert f"- h1 tp1-dflash [packed,noisy]: {dflash['checks']}" in md
+    assert f"- h1 tp1-dflash [packed,noisy]: {dflash['checks']}" in unwrapped(md)
     assert "[packed,noisy]" in md.split("```")[1]  # the hand-run lines say it too
     rows = {(r["config_id"], r["workload"]): r for r in csv.DictReader(io.StringIO(render(load_run(run_dir), "csv")))}
     assert rows[("tp1-ngram", "fib")]["flags"] == "packed,noisy"
@@ -114,10 +121,12 @@ def test_baseline_alone_against_packed_by_cell(run_dir: Path) -> None:
 
 def test_the_section_in_every_format_and_its_csv(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert collector_main(["report", str(run_dir), "--format", "md", "--write"]) == 0
-    md = capsys.readouterr().out
+    bullet = f"- h1 `{CHECK}` (`{BASE}` measured again), measuring beside: tp1-dflash (slot 1): 80.0 s"
+    assert bullet in unwrapped(capsys.readouterr().out)
+    md = render(load_run(run_dir), "md", wide=True)  # each table whole (by default split to fit 120 columns)
     start = md.index("## Baseline alone vs packed")
     section = md[start:md.index("\n## ", start)]
-    assert f"- h1 `{CHECK}` (`{BASE}` measured again), measuring beside: tp1-dflash (slot 1): 80.0 s" in section
+    assert bullet in section
     lines = [line for line in section.splitlines() if line.startswith("| h1")]
     assert len(lines) == 2
     assert [c.strip() for c in lines[0].strip("|").split("|")] == [
@@ -154,7 +163,7 @@ def test_a_failed_pack_check_keeps_its_row_with_the_reason(tmp_path: Path) -> No
     assert pd_na(r["packed_over_alone"]) and r["packed_over_alone_significant"] == "" and r["beside"] == ""
     md = render(load_run(run), "md")
     assert "| oom" in md[md.index("## Baseline alone vs packed"):]
-    assert "no other config was in its timed requests at the same time" in md
+    assert "no other config was in its timed requests at the same time" in unwrapped(md)
     assert CHECK not in set(table(load_run(run))["config_id"])
 
 

@@ -2,7 +2,8 @@
 `matrix.expand`, config.json, status.json and requests.jsonl through the agent's own `record`, request lines
 through `records.request_row`, host.json through its fingerprint, run.json from `collector stamp`): two hosts, tp1
 and tp4, the baseline, DFlash on both scheduling paths, DDTree at budgets 8/12/15/16/32/64, an n-gram config with a
-long id, failures and skips. Expected figures are worked out by hand."""
+long id, failures and skips, packed configs with their neighbours and a pack check, and a damaged request line.
+Expected figures are worked out by hand."""
 from __future__ import annotations
 
 import json
@@ -16,11 +17,13 @@ from agent import fingerprint, records
 from agent.classify import Reason
 from agent.config import Host, Result, fresh_folder, record
 from agent.engines import ENGINES
+from agent.pack import PACK_SUFFIX
 from agent.records import Outcome
 from agent.store import HostStore, write_json
 from collector.__main__ import main as collector_main
+from collector.environment import environment
 from collector.load import load_run
-from collector.report import table
+from collector.report import COLUMNS, render, table
 from collector.views import AR, budget_key, by_workload, fit_rows, method_label, outcomes, wrap
 from controller import matrix
 
@@ -52,7 +55,8 @@ def suite() -> dict[str, Any]:
               {"name": "concurrency", "workloads": ["fib"], "max_tokens": [MAX_TOKENS], "concurrency": [4],
                "methods": ["dflash-nooverlap"]}]
     return {"suite_name": "terminal", "engine": "sglang", "engine_python": "/opt/specfleet/sglang/bin/python",
-            "gpu_count": 8, "model": {"name": "Qwen3.6-27B", "path": "/models/Qwen3.6-27B", "max_model_len": 4096},
+            "gpu_count": 8, "pack": True, "pack_check": True,
+            "model": {"name": "Qwen3.6-27B", "path": "/models/Qwen3.6-27B", "max_model_len": 4096},
             "draft_model": {"name": "Qwen3.6-27B-DFlash", "path": "/models/Qwen3.6-27B-DFlash"},
             "phases": [{"name": "tp1", "tp": 1, "configs": CONFIGS, "sweeps": sweeps},
                        {"name": "tp4", "tp": 4, "configs": CONFIGS[:1] + CONFIGS[-2:], "sweeps": sweeps[:1]}]}
@@ -63,8 +67,19 @@ def label_of(cfg: dict[str, Any]) -> str:
 
 
 def samples(host: str, cfg: dict[str, Any]) -> list[float]:
-    base = SPEED[label_of(cfg)] * SCALE[host]
+    """A pack check measures its baseline's figures × 0.9."""
+    base = SPEED[label_of(cfg).removesuffix(PACK_SUFFIX)] * SCALE[host] * (0.9 if cfg.get("pack_check_of") else 1)
     return [base * 5 / 6, base, base * 7 / 6]
+
+
+def packed(cfg: dict[str, Any]) -> dict[str, Any]:
+    """status.json's slot and neighbours of a config measured beside others (every tp1 config but the baseline)."""
+    if cfg["phase"] != "tp1" or cfg["config_id"] == "tp1-autoregressive":
+        return {}
+    others = [f"tp1-{LONG_ID}", "tp1-ddtree-b64", "tp1-autoregressive-packed"]
+    return {"slot": {"index": 1, "gpus": [1], "cpus": "8-15"},
+            "neighbours": [{"config_id": o, "slot": i + 2, "overlap_s": 95.0, "timed_overlap_s": 80.0}
+                           for i, o in enumerate(o for o in others if o != cfg["config_id"])]}
 
 
 def write_host(run_dir: Path, host: str, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Host:
@@ -109,8 +124,10 @@ def write_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
                 result = Result(Outcome.SKIPPED, Reason.BASELINE_FAILED, "the phase's baseline failed")
             else:
                 result = Result(Outcome.OK, rows=measured(host, cfg), argv=cfg["command"],
-                                fields={"ready_s": 61.5, "timed_s": 30.25, "wall_s": 100.0})
+                                fields={"ready_s": 61.5, "timed_s": 30.25, "wall_s": 100.0, **packed(cfg)})
             record(agent_host, cfg, result, folder, "2026-12-01T10:00:00.000+00:00")
+    with (run_dir / HOSTS[0] / "tp1-ddtree-b8" / "requests.jsonl").open("a") as f:
+        f.write('{"host": "gpu-node-a", "config_id": "tp1-ddtree-b8", "workl\n')  # cut short while written
     assert collector_main(["stamp", str(run_dir), "start", "--suite", "terminal", "--hosts", *HOSTS]) == 0
     assert collector_main(["stamp", str(run_dir), "finish", "--suite", "terminal", "--hosts", *HOSTS]) == 0
     return run_dir
@@ -126,7 +143,7 @@ def run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 # ---------------------------------------------------------------------------------------------------------------
 
 def test_budget_key_orders_baseline_dflash_ddtree_by_number_then_the_rest() -> None:
-    expanded = matrix.expand(suite(), ["tp1"])
+    expanded = [c for c in matrix.expand(suite(), ["tp1"]) if not c.get("pack_check_of")]
     keyed = sorted(expanded, key=lambda c: (budget_key(c["method"], json.dumps(c["method_params"])), c["config_id"]))
     assert [label_of(c) for c in keyed] == [
         "autoregressive", "dflash", "dflash-nooverlap", "ddtree-b8", "ddtree-b12", "ddtree-b15", "ddtree-b16",
@@ -195,5 +212,184 @@ def test_wrap_keeps_the_mark_and_paths_whole() -> None:
     seed = "  fib (ctx 1000, c4): 24.0 ± 4.0 tok/s  (n=3, 2.00x [1.37, 2.92], accept 4.00, burst 96.0 tok/s)"
     assert wrap(seed, 60) == ["  fib (ctx 1000, c4): 24.0 ± 4.0 tok/s  (n=3, 2.00x [1.37,",
                               "    2.92], accept 4.00, burst 96.0 tok/s)"]
-    assert wrap("short") == ["short"] and wrap("") == [""] and wrap("- ") == ["-"]
+    assert wrap("short") == ["short"] and wrap("") == [""] and wrap(" " * 130) == [""]
     assert re.fullmatch(r"(.{1,40}\n)+.{1,40}", "\n".join(wrap("word " * 30, 40)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The md report: 120 columns, the environment first, the seed lines, methods as columns; --wide adds the rest
+# ---------------------------------------------------------------------------------------------------------------
+
+SECTIONS = ["Environment", "Speedup vs the autoregressive baseline", "Checks that did not pass, and packing",
+            "Baseline alone vs packed", "Across hosts", "DDTree budgets against DFlash", "Time per config (seconds)",
+            "Problems in the results (skipped)"]
+TP1_ORDER = ["autoregressive", "dflash", "dflash-nooverlap", *(f"ddtree-b{b}" for b in (8, 12, 15, 16, 32, 64)),
+             LONG_ID]
+
+
+def fenced(md: str) -> list[tuple[str, bool]]:
+    """Each line, and whether it lies inside a fenced block (the fences themselves count as inside)."""
+    out, inside = [], False
+    for line in md.splitlines():
+        fence = line.startswith("```")
+        out.append((line, inside or fence))
+        inside = inside != fence
+    return out
+
+
+def headings(md: str) -> list[str]:
+    return [line[3:] for line, inside in fenced(md) if line.startswith("## ") and not inside]
+
+
+def section(md: str, title: str) -> str:
+    start = md.index(f"\n## {title}\n")
+    end = md.find("\n## ", start + 1)
+    return md[start:] if end < 0 else md[start:end]
+
+
+def subsections(text: str) -> dict[str, str]:
+    parts = re.split(r"^### (.*)$", text, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def tables(text: str) -> list[list[list[str]]]:
+    """The pipe tables of a text, each as its rows of cells, the header first (the rule left out)."""
+    found: list[list[list[str]]] = []
+    previous = ""
+    for line in text.splitlines():
+        if line.startswith("|") and not re.fullmatch(r"\|[-:|]+\|", line):
+            row = [c.strip() for c in line.strip("|").split("|")]
+            if previous.startswith("|"):
+                found[-1].append(row)
+            else:
+                found.append([row])
+        previous = line
+    return found
+
+
+def merged(text: str, keys: int) -> dict[tuple[str, ...], dict[str, str]]:
+    """Every table of a text put together: per row (its first `keys` cells), each other column's cell."""
+    out: dict[tuple[str, ...], dict[str, str]] = {}
+    for header, *rows in tables(text):
+        for row in rows:
+            out.setdefault(tuple(row[:keys]), {}).update(zip(header[keys:], row[keys:]))
+    return out
+
+
+def columns_of(text: str, keys: int) -> list[str]:
+    return [h for header, *_ in tables(text) for h in header[keys:]]
+
+
+def unwrapped(text: str) -> str:
+    return re.sub(r"\n +(?=\S)", " ", text)
+
+
+@pytest.fixture()
+def reports(run_dir: Path) -> tuple[Any, str, str]:
+    run = load_run(run_dir)
+    return run, render(run, "md"), render(run, "md", wide=True)
+
+
+def test_every_line_fits_120_columns_but_a_path_in_a_fenced_block(run_dir: Path,
+                                                                   reports: tuple[Any, str, str]) -> None:
+    run, md, wide = reports
+    long = [(line, inside) for line, inside in fenced(md) if len(line) > 120]
+    # only the damaged request line's problem: it names its file, whole on its line
+    assert long == [(f"- {run_dir}/gpu-node-a/tp1-ddtree-b8/requests.jsonl:7: malformed JSON (Unterminated string "
+                     "starting at, column 54); line skipped", True)]
+    assert run.problems == [long[0][0][2:]]
+    # laid out whole, the tables and paragraphs are wider: the fit did something
+    assert sum(len(line) > 120 and not inside for line, inside in fenced(wide)) > 10
+
+
+def test_the_environment_comes_first_then_the_seed_lines(reports: tuple[Any, str, str]) -> None:
+    run, md, _ = reports
+    assert md.startswith("# Run run-terminal\n\n## Environment\n\n- gpu-node-a: ")
+    env = unwrapped(section(md, "Environment"))
+    for host, pairs in environment(run).items():
+        assert f"- {host}: " + "; ".join(f"{label} {value}" for label, value in pairs) + "\n" in env
+    assert headings(md) == SECTIONS
+    seed = md.split("```")[1]
+    assert "gpu-node-a tp1-autoregressive:\n  arith (ctx 1000): 12.0 ± 2.0 tok/s  (n=3, [noisy])\n" in seed
+    assert "  fib: 36.0 ± 6.0 tok/s  (n=3, 3.00x [2.06, 4.38], accept 4.00, [packed,noisy])\n" in seed
+    assert "gpu-node-b tp1-ddtree-b64:\n  fib: oom\n  qsort: oom\n" in seed
+    configs = re.findall(r"^gpu-node-a (tp1-\S+):$", seed, re.M)
+    assert configs == [f"tp1-{label}" for label in TP1_ORDER]  # budgets by number
+
+
+def test_the_main_table_has_the_methods_as_columns(reports: tuple[Any, str, str]) -> None:
+    run, md, wide = reports
+    main = subsections(section(md, "Speedup vs the autoregressive baseline"))
+    assert list(main) == ["gpu-node-a tp1", "gpu-node-a tp4", "gpu-node-b tp1", "gpu-node-b tp4"]
+    assert columns_of(main["gpu-node-a tp1"], 1) == [AR, *TP1_ORDER[1:]]
+    assert columns_of(main["gpu-node-b tp4"], 1) == [AR, "dflash", "dflash-nooverlap"]  # no empty DDTree columns
+    assert len(tables(main["gpu-node-a tp1"])) > 1  # split by columns to fit, the cell in every part
+    cells = merged(main["gpu-node-a tp1"], 1)
+    assert list(cells) == [("arith, 64 tok, ctx 1000",), ("fib, 64 tok",), ("fib, 64 tok, c4",), ("qsort, 64 tok",)]
+    assert cells[("fib, 64 tok",)] == {AR: "12.0 (1.00x)", "dflash": "24.0 (2.00x)", "dflash-nooverlap": "18.0 (1.50x)",
+                                       "ddtree-b8": "36.0 (3.00x)", "ddtree-b12": "33.0 (2.75x)",
+                                       "ddtree-b15": "30.0 (2.50x)", "ddtree-b16": "27.0 (2.25x)",
+                                       "ddtree-b32": "21.0 (1.75x)", "ddtree-b64": "16.5 (1.38x)",
+                                       LONG_ID: "15.0 (1.25x)"}
+    assert cells[("fib, 64 tok, c4",)] == {AR: "12.0 (1.00x)", "dflash-nooverlap": "18.0 (1.50x)",
+                                           **{c: "" for c in TP1_ORDER[1:] if c != "dflash-nooverlap"}}
+    assert merged(main["gpu-node-b tp1"], 1)[("qsort, 64 tok",)]["ddtree-b64"] == "failed: oom"
+    assert merged(main["gpu-node-b tp4"], 1)[("fib, 64 tok",)] == {
+        AR: "failed: health_timeout", "dflash": "skipped: baseline_failed",
+        "dflash-nooverlap": "skipped: baseline_failed"}
+    # the same table, whole, with --wide; the full table only there
+    wide_main = subsections(section(wide, "Speedup vs the autoregressive baseline"))
+    assert {k: merged(v, 1) for k, v in wide_main.items()} == {k: merged(v, 1) for k, v in main.items()}
+    assert all(len(tables(v)) == 1 for v in wide_main.values())
+    assert "speedup_ci_low" not in md and "Every column" not in md
+
+
+def test_wide_adds_every_column_with_budgets_by_number(reports: tuple[Any, str, str]) -> None:
+    run, _, wide = reports
+    assert headings(wide) == [*SECTIONS[:2], "Every column", *SECTIONS[2:]]
+    (full,) = tables(section(wide, "Every column"))
+    header, rows = full[0], full[1:]
+    assert header == [c for c in COLUMNS if c not in ("engine", "model", "method", "method_params", "checks")]
+    assert len(rows) == len(table(run))
+    at = {h: i for i, h in enumerate(header)}
+    fib = [r[at["config_id"]] for r in rows if (r[at["host"]], r[at["tp"]], r[at["workload"]],
+                                                r[at["concurrency"]]) == ("gpu-node-a", "1", "fib", "1")]
+    assert fib == [f"tp1-{label}" for label in TP1_ORDER]
+    b12 = next(r for r in rows if r[at["config_id"]] == "tp1-ddtree-b12" and r[at["workload"]] == "fib")
+    assert (b12[at["tok_s_mean"]], b12[at["speedup"]], b12[at["flags"]]) == ("33", "2.75", "packed,noisy")
+
+
+def test_the_other_sections_keep_their_content_and_order_budgets_by_number(reports: tuple[Any, str, str]) -> None:
+    run, md, wide = reports
+    # checks: the same items, wrapped; configs by budget
+    checks, wide_checks = (unwrapped(section(m, "Checks that did not pass, and packing")) for m in (md, wide))
+    assert checks == wide_checks
+    assert re.findall(r"^- gpu-node-a (tp1-ddtree-b\d+) ", checks, re.M) == [
+        f"tp1-ddtree-b{b}" for b in (8, 12, 15, 16, 32, 64)]
+    # the pack check and DDTree against DFlash: every cell of the whole tables, split to fit
+    pack, wide_pack = (section(m, "Baseline alone vs packed") for m in (md, wide))
+    assert merged(pack, 3) == merged(wide_pack, 3) and len(merged(pack, 3)) == 12
+    assert [line for line in unwrapped(pack).splitlines() if line.startswith("- ")] == [
+        line for line in unwrapped(wide_pack).splitlines() if line.startswith("- ")]
+    vs, wide_vs = (subsections(section(m, "DDTree budgets against DFlash")) for m in (md, wide))
+    assert {k: merged(v, 2) for k, v in vs.items()} == {k: merged(v, 2) for k, v in wide_vs.items()}
+    fib = merged(vs["gpu-node-b tp1: fib, 64 tok"], 2)
+    assert [budget for budget, _ in fib] == ["8", "12", "15", "16", "32", "64"]
+    assert fib[("64", "tp1-ddtree-b64")]["status"] == "failed: oom"
+    assert fib[("8", "tp1-ddtree-b8")]["÷ tp1-dflash-nooverlap (same path)"] == "2.00 [1.37, 2.92]"
+    # across hosts: per config and cell, each host's tok/s and speedup, and the spread; configs by budget
+    hosts = section(md, "Across hosts")
+    assert columns_of(hosts, 2)[:3] == ["gpu-node-a tok_s", "gpu-node-b tok_s", "gpu-node-a speedup"]
+    across = merged(hosts, 2)
+    assert across[("tp1-ddtree-b8", "fib, 64 tok")] == {"gpu-node-a tok_s": "36", "gpu-node-b tok_s": "54",
+                                                        "gpu-node-a speedup": "3", "gpu-node-b speedup": "3",
+                                                        "tok_s_spread": "0.5"}
+    assert [cid for cid in dict.fromkeys(cid for cid, _ in across)] == [
+        *(f"tp1-{label}" for label in TP1_ORDER), "tp4-autoregressive", "tp4-dflash", "tp4-dflash-nooverlap"]
+    # time per config: every config, the pack checks too, by budget
+    times = merged(section(md, "Time per config (seconds)"), 2)
+    assert [cid for host, cid in times if host == "gpu-node-a"][:11] == [
+        "tp1-autoregressive", "tp1-autoregressive-packed", *(f"tp1-{label}" for label in TP1_ORDER[1:])]
+    assert times[("gpu-node-b", "tp1-ddtree-b64")]["status"] == "oom"
+    assert times[("gpu-node-a", "tp1-dflash")] == {"status": "ok", "ready_s": "61.5", "wall_s": "100",
+                                                  "timed_s": "30.2", "overhead_s": "69.8"}
