@@ -213,9 +213,15 @@ def _serve(host: Host, cfg: Mapping[str, Any], folder: Path, port: int, slot: Op
             with gpusample.Sampler(folder / "gpu.jsonl", indices=indices) as gpus:
                 busy = host.busy
                 wait_s = float(cfg["timeouts"]["health_s"]) if cfg.get("pack_check_of") else 0.0
-                out = measure(cfg, identity, server, Endpoint(host.engine, port, server.host, host.headers),
-                              timed=(lambda: busy.timed(cfg["config_id"], wait_s)) if busy is not None else None,
-                              events=host.store.event, progress_s=float(host.suite["progress_s"]))
+                try:
+                    out = measure(cfg, identity, server, Endpoint(host.engine, port, server.host, host.headers),
+                                  timed=(lambda: busy.timed(cfg["config_id"], wait_s)) if busy is not None else None,
+                                  events=host.store.event, progress_s=float(host.suite["progress_s"]))
+                except PromptError:
+                    raise
+                except (OSError, RuntimeError, ValueError) as exc:  # judged while the server is still up
+                    out.reason = Reason.PROMPT_BUILD_FAILED if server.alive() else Reason.CRASHED
+                    out.detail = f"{type(exc).__name__}: {exc}"
             if seen is not None:
                 out.fields["cpus_seen"] = seen
             state = gpus.summary(*out.window) if out.window else None
@@ -230,8 +236,8 @@ def _serve(host: Host, cfg: Mapping[str, Any], folder: Path, port: int, slot: Op
             out.reason = classify(tail(server.log_text(), 120), Reason.CRASHED)
     except PromptError as exc:
         out.reason, out.detail = Reason.BAD_PROMPT, str(exc)
-    except (OSError, RuntimeError, ValueError) as exc:
-        out.reason = Reason.PROMPT_BUILD_FAILED if server.alive() else Reason.CRASHED
+    except (OSError, RuntimeError, ValueError) as exc:  # around the measurement: the server is stopped by now
+        out.reason = Reason.CRASHED
         out.detail = f"{type(exc).__name__}: {exc}"
     notes = [out.detail] if out.detail else []
     if server.stop_error:

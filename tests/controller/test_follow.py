@@ -89,7 +89,8 @@ def test_render_hides_other_events(event: dict[str, Any]) -> None:
 
 def test_every_event_kind_is_either_shown_or_deliberately_hidden() -> None:
     """A new event kind is a decision: shown events render, the hidden ones are listed here."""
-    fields = dict(k=1, n=1, config_id="c", status="ok", run_id="r", elapsed_s=1, eta_s=1, duration_s=1)
+    fields = dict(k=1, n=1, config_id="c", status="ok", run_id="r", elapsed_s=1, eta_s=1, duration_s=1, done=1,
+                  total=2, tok_s=1.0, window_s=10.0)
     hidden = {Event.CONFIG_READY, Event.LEFTOVER_UNIT_STOPPED}
     for kind in Event:
         assert (render(ev(kind, **fields)) is None) == (kind in hidden), kind
