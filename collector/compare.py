@@ -2,7 +2,8 @@
 concurrency) B ÷ A of mean tok/s with the report's 95% interval for a ratio of means; the cells only one run has,
 the cells a run failed or skipped, and what differs in the hosts' environments. A cell regressed when B ÷ A is
 below 1 - threshold and its interval lies wholly below 1; improved, symmetrically. The `compare` command exits 1
-when a cell regressed, so that it can gate a CI job after an engine bump."""
+when a cell regressed or a config ok in A failed or was skipped in B (it broke), so that it can gate a CI job
+after an engine bump."""
 from __future__ import annotations
 
 import argparse
@@ -87,6 +88,12 @@ class Comparison:
         return self.having("regressed")
 
     @property
+    def broken(self) -> list[Cell]:
+        """Cells ok in A that failed or were skipped in B: an engine bump that breaks a config fails the gate too."""
+        return [c for c in self.having("not_ok") if c.a is not None and c.a.status == "ok"
+                and c.b is not None and c.b.status != "ok"]
+
+    @property
     def percent(self) -> str:
         """The threshold as a percentage: `5%`, `2.50%`."""
         return f"{self.threshold:.0%}" if round(self.threshold * 100, 6).is_integer() else f"{self.threshold:.2%}"
@@ -106,7 +113,7 @@ class Comparison:
 
     def to_json(self) -> str:
         doc = {"run_a": self.run_a, "run_b": self.run_b, "threshold": self.threshold, "counts": self.counts(),
-               "regressed": [c.name() for c in self.regressed],
+               "regressed": [c.name() for c in self.regressed], "broken": [c.name() for c in self.broken],
                "environment": [dict(zip(("host", "label", "a", "b"), d)) for d in self.environment],
                "cells": [asdict(c) for c in self.rows]}
         return json.dumps(doc, indent=2) + "\n"
@@ -275,14 +282,14 @@ def _load(path: str) -> Optional[Run]:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Print the comparison of args.run_b against args.run_a; 1 when a cell regressed, 2 when a run folder is
-    missing, unreadable or empty, else 0."""
+    """Print the comparison of args.run_b against args.run_a; 1 when a cell regressed or a config ok in A failed
+    in B, 2 when a run folder is missing, unreadable or empty, else 0."""
     a, b = _load(args.run_a), _load(args.run_b)
     if a is None or b is None:
         return 2
     result = compare(a, b, args.threshold)
     sys.stdout.write(result.to_json() if args.format == "json" else result.text(wide=args.wide))
-    return 1 if result.regressed else 0
+    return 1 if result.regressed or result.broken else 0
 
 
 def _threshold(text: str) -> float:
@@ -297,7 +304,7 @@ def _threshold(text: str) -> float:
 
 def add_parser(sub: Any) -> None:
     """The `compare` subcommand, on the subparsers `sub` of the collector's command line."""
-    p = sub.add_parser("compare", help="compare two runs cell by cell; exit 1 when a cell regressed",
+    p = sub.add_parser("compare", help="compare two runs cell by cell; exit 1 when a cell regressed or broke",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_a", metavar="RUN_A", help="the reference run's folder (results/<run_id>), e.g. before an "
                    "engine bump")

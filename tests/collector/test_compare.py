@@ -210,15 +210,21 @@ def test_command_exits_1_naming_the_regression(runs: tuple[Path, Path]) -> None:
 
 
 def test_exit_codes_and_json(runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """JSON names the regressed cell (exit 1); 0 at a threshold no cell exceeds and for a run against itself; 2
-    for a missing folder, for one without results and for a threshold that is no fraction."""
+    """JSON names the regressed cell (exit 1) and the broken one (ok in A, failed in B: exit 1 even at a
+    threshold no cell exceeds); 0 for a run against itself; 2 for a missing folder, for one without results and for
+    a threshold that is no fraction."""
     a, b = map(str, runs)
     assert run_cli(a, b, "--format", "json") == 1
     doc = json.loads(capsys.readouterr().out)
     assert doc["regressed"] == ["h1 tp1-dflash, fib, 128 tok"]
     assert (doc["run_a"], doc["run_b"], doc["threshold"]) == ("before", "after", 0.05)
     assert {"host": HOST, "label": "driver", "a": BEFORE["driver"], "b": AFTER["driver"]} in doc["environment"]
-    assert run_cli(a, b, "--threshold", "0.25") == 0
+    assert doc["broken"] == ["h1 tp1-ddtree-b16, fib, 128 tok"]  # ok in A, failed (oom) in B: exit 1 on its own
+    assert run_cli(a, b, "--threshold", "0.25") == 1
+    capsys.readouterr()
+    assert run_cli(a, b, "--threshold", "0.25", "--format", "json") == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["regressed"], doc["broken"]) == ([], ["h1 tp1-ddtree-b16, fib, 128 tok"])
     assert run_cli(a, a) == 0
     capsys.readouterr()
     assert run_cli(a, str(tmp_path / "no-such-run")) == 2
