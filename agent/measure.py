@@ -170,7 +170,9 @@ def measure(cfg: Mapping[str, Any], identity: Mapping[str, Any], server: Server,
     readings of the server's counters; stops early when the server dies or hangs. `timed` is entered around
     the timed requests (a packed phase's `pack.Busy`; it may wait first). With `events`, a progress event at
     most every `progress_s` seconds (`Pace`)."""
+    t0 = time.monotonic()
     built = prompts(cfg, ep)
+    t1 = time.monotonic()
     first = cfg["cells"][0]
     [warm], _ = burst(cfg, ep, built[(first["workload"], first["context_tokens"])], cfg["warmup_max_tokens"], 1,
                       "warmup")
@@ -178,7 +180,8 @@ def measure(cfg: Mapping[str, Any], identity: Mapping[str, Any], server: Server,
         reason = Reason.CRASHED if not server.alive() else Reason.WARMUP_FAILED
         return Measured([], reason, f"warmup request failed: {warm['error']}")
     seed = random.randrange(1 << 31) if seed is None else seed
-    out = Measured([], fields={"order_seed": seed})
+    out = Measured([], fields={"order_seed": seed, "prompts_s": round(t1 - t0, 3),
+                               "warmup_s": round(time.monotonic() - t1, 3)})
     with timed() if timed is not None else nullcontext(0.0) as waited:
         if waited:
             out.fields["waited_for_neighbours_s"] = round(waited, 3)

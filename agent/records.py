@@ -130,6 +130,10 @@ STATUS = (
     _f("counters", "object", "the server's counters over the timed requests against the rows: verdict ok, "
        "suspect or unchecked, each check with both figures (agent/counters.py)", required=False),
     _f("order_seed", "integer", "seed of the shuffled request order", required=False),
+    _f("prompts_s", "number", "seconds building the prompts with the server's tokenizer, once it was ready",
+       required=False),
+    _f("warmup_s", "number", "seconds of the untimed warmup request (the engine's first request after its "
+       "start: first-use compilation lands here)", required=False),
     _f("cold_start", "object|null", "the first timed request's TTFT against its cell's median; outlier when "
        "above 3x", required=False),
     _f("host_load", "object|null", "CPU seconds of the engine and of everything else during the timed "
