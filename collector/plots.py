@@ -1,0 +1,403 @@
+"""The report's plots, drawn without a display (matplotlib's Agg) from the speedup table (report.table) and, for
+the latency distributions, the request lines: one PNG and one SVG per figure, per host and tp.
+
+A failed or skipped config (or a value that cannot be had, such as a speedup without its baseline) is drawn as
+a marked gap: an `x` at the foot of the axes with the reason beside it, never as a value. A figure without a
+single value is not written."""
+from __future__ import annotations
+
+import io
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from agent import records
+from agent.store import write_atomic
+
+from .load import Run
+from .report import DDTREE, DFLASH, scheduling
+from .views import budget, budget_key, method_label
+
+FORMATS = ("png", "svg")
+GAP_Y = 0.04  # where a gap's marker sits, in axes coordinates: at the foot of the axes, never at a value
+PNG_DPI = 100
+MAX_WIDTH_IN = 30.0  # a figure grows with its bars up to this width (inches)
+PANEL_COLUMNS = 3
+PALETTE = [*matplotlib.colormaps["tab10"].colors, *matplotlib.colormaps["tab20"].colors[1::2]]
+RC = {"svg.fonttype": "none", "svg.hashsalt": "specfleet", "font.size": 9}  # SVG text stays text; ids stable
+NAN = float("nan")
+
+
+@dataclass
+class Point:
+    """One value of a series at `x`; `gap` says why there is none (y is NaN then)."""
+
+    x: float
+    y: float
+    lo: float = NAN
+    hi: float = NAN
+    gap: str = ""
+    config_id: str = ""
+
+
+@dataclass
+class Series:
+    label: str
+    points: list[Point]
+
+
+@dataclass
+class Panel:
+    """One axes: its series, and its references: a value each (one Point, its x unused) drawn across the axes."""
+
+    title: str
+    series: list[Series]
+    refs: list[Series] = field(default_factory=list)
+
+
+def _num(v: Any) -> float:
+    return NAN if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)) else float(v)
+
+
+def _finite(v: float) -> bool:
+    return not math.isnan(v)
+
+
+def _point(r: dict[str, Any], x: float, value: str, missing: str, interval: bool) -> Point:
+    """The row's `value` at x, with the speedup's interval where `interval`; a gap with the config's status when
+    it did not end ok, else `missing` when the value is empty."""
+    y = _num(r[value])
+    lo, hi = (_num(r["speedup_ci_low"]), _num(r["speedup_ci_high"])) if interval else (NAN, NAN)
+    gap = "" if _finite(y) else (missing if r["status"] == "ok" else str(r["status"]))
+    return Point(x, y, lo, hi, gap, str(r["config_id"]))
+
+
+def cell_title(cell: dict[str, Any], leave_out: str = "") -> str:
+    """`fib, 64 tok, ctx 512, c4`: a cell (records.CELL) in words, without the field `leave_out`."""
+    parts = [str(cell["workload"])]
+    if leave_out != "max_tokens" and not pd.isna(cell["max_tokens"]):
+        parts.append(f"{cell['max_tokens']} tok")
+    if leave_out != "context_tokens" and not pd.isna(cell["context_tokens"]) and cell["context_tokens"]:
+        parts.append(f"ctx {cell['context_tokens']}")
+    if leave_out != "concurrency" and not pd.isna(cell["concurrency"]) and cell["concurrency"] != 1:
+        parts.append(f"c{cell['concurrency']}")
+    return ", ".join(parts)
+
+
+def _order(r: dict[str, Any]) -> tuple[Any, ...]:
+    """Configs in the order every figure lists them: the baseline, then by method and budget (by number)."""
+    return budget_key(r["method"], r["method_params"]), str(r["config_id"])
+
+
+def _configs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each config's first row, in _order."""
+    first: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        first.setdefault(str(r["config_id"]), r)
+    return sorted(first.values(), key=_order)
+
+
+def _cells(rows: list[dict[str, Any]]) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
+    out: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        out.setdefault(records.cell_key(r), []).append(r)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Drawing
+# ---------------------------------------------------------------------------------------------------------------
+
+class Colors:
+    """A colour per label, the same in every panel of a figure."""
+
+    def __init__(self) -> None:
+        self.given: dict[str, Any] = {}
+
+    def __call__(self, label: str) -> Any:
+        return self.given.setdefault(label, PALETTE[len(self.given) % len(PALETTE)])
+
+
+def _gap(ax: Axes, x: float, reason: str, color: Any, gid: str) -> None:
+    """No value at data x: a dotted line across the axes, an `x` at its foot and the reason written upwards."""
+    where = ax.get_xaxis_transform()
+    ax.axvline(x, color=color, linestyle=":", linewidth=1, alpha=0.6, gid=f"{gid}-line")
+    ax.plot([x], [GAP_Y], marker="x", markersize=8, markeredgewidth=2, linestyle="none", color=color,
+            transform=where, gid=gid, clip_on=False)
+    ax.annotate(reason, (x, GAP_Y), xycoords=where, xytext=(4, 6), textcoords="offset points", rotation=90,
+                fontsize=7, color=color, gid=f"{gid}-reason")
+
+
+def _figure(panels: int, title: str, width: float = 4.6, height: float = 3.4) -> tuple[Figure, list[Axes]]:
+    cols = min(panels, PANEL_COLUMNS)
+    rows = math.ceil(panels / cols)
+    fig = Figure(figsize=(min(width * cols + 2.4, MAX_WIDTH_IN), height * rows + 0.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = list(fig.subplots(rows, cols, squeeze=False).ravel())
+    for ax in axes[panels:]:
+        fig.delaxes(ax)
+    fig.suptitle(title)
+    return fig, axes[:panels]
+
+
+def _legend(fig: Figure, axes: list[Axes]) -> None:
+    """One legend for the figure, each label once, beside the panels."""
+    found: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            found.setdefault(label, handle)
+    if found:
+        fig.legend(list(found.values()), list(found), loc="outside right upper", fontsize=8)
+
+
+def _draw_series(ax: Axes, s: Series, color: Any, gid: str) -> None:
+    pts = sorted(s.points, key=lambda p: p.x)
+    x = np.array([p.x for p in pts])
+    y = np.array([p.y for p in pts])
+    lo, hi = np.array([p.lo for p in pts]), np.array([p.hi for p in pts])
+    err = np.nan_to_num(np.vstack([y - lo, hi - y])) if np.isfinite(lo).any() else None
+    ax.errorbar(x, y, yerr=err, marker="o", markersize=4, capsize=3, color=color, label=s.label)
+    for p in pts:
+        if p.gap:
+            _gap(ax, p.x, p.gap, color, f"{gid}-gap-{p.config_id}-at-{p.x:g}")
+
+
+def _draw_ref(ax: Axes, ref: Series, color: Any, gid: str) -> None:
+    """A reference value across the axes (with its interval as a band), or, without one, a marked legend entry
+    with the reason."""
+    p = ref.points[0]
+    if p.gap:
+        ax.plot([], [], marker="x", linestyle="none", color=color, label=f"{ref.label}: {p.gap}",
+                gid=f"{gid}-gap-{p.config_id}")
+        return
+    ax.axhline(p.y, color=color, linestyle="--", linewidth=1.2, label=ref.label)
+    if _finite(p.lo) and _finite(p.hi):
+        ax.axhspan(p.lo, p.hi, color=color, alpha=0.12, linewidth=0)
+
+
+def _has_value(panels: list[Panel]) -> bool:
+    return any(_finite(p.y) for panel in panels for s in panel.series for p in s.points)
+
+
+def _line_figure(panels: list[Panel], title: str, xlabel: str, ylabel: str, *, log2_x: bool = False,
+                 baseline: bool = False) -> Optional[Figure]:
+    """Small multiples, one panel each; None when no series holds a value."""
+    if not panels or not _has_value(panels):
+        return None
+    fig, axes = _figure(len(panels), title)
+    colors = Colors()
+    for k, (ax, panel) in enumerate(zip(axes, panels)):
+        if baseline:
+            ax.axhline(1.0, color="0.5", linewidth=0.8, label="baseline (1.0)")
+        for s in panel.series:
+            _draw_series(ax, s, colors(s.label), f"p{k}")
+        for ref in panel.refs:
+            _draw_ref(ax, ref, colors(ref.label), f"p{k}")
+        xs = sorted({p.x for s in panel.series for p in s.points})
+        if log2_x:
+            ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [f"{x:g}" for x in xs])
+        ax.minorticks_off()
+        ax.set_title(panel.title, fontsize=9)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+    _legend(fig, axes)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The figures of one host and tp
+# ---------------------------------------------------------------------------------------------------------------
+
+def _dflash_label(r: dict[str, Any], paths: dict[str, Optional[str]]) -> str:
+    path = paths.get(str(r["config_id"]))
+    label = method_label(r)
+    return f"{label} ({path.replace('_', ' ')})" if path and path.replace("_", " ") not in label else label
+
+
+def _budget_panels(rows: list[dict[str, Any]], value: str, missing: str, interval: bool,
+                   paths: dict[str, Optional[str]]) -> list[Panel]:
+    """Per cell holding DDTree configs: `value` against the budget, each DFlash config as a reference."""
+    panels = []
+    for group in _cells(rows).values():
+        trees = [(b, r) for r in group if r["method"] == DDTREE
+                 for b in [budget(r["method_params"])] if b is not None]
+        if not trees:
+            continue
+        points = [_point(r, float(b), value, missing, interval) for b, r in trees]
+        refs = [Series(_dflash_label(r, paths), [_point(r, 0.0, value, missing, interval)])
+                for r in sorted((r for r in group if r["method"] == DFLASH), key=_order)]
+        panels.append(Panel(cell_title(group[0]), [Series("DDTree", points)], refs))
+    return panels
+
+
+def _sweep_panels(rows: list[dict[str, Any]], axis: str) -> list[Panel]:
+    """Per group of cells that differ only in `axis` and take more than one value of it: each speculative
+    config's speedup against it (configs measured at one value of it only are left out)."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r[k] for k in records.CELL if k != axis), []).append(r)
+    panels = []
+    for group in groups.values():
+        if len({r[axis] for r in group}) < 2:
+            continue
+        series = []
+        for first in _configs([r for r in group if r["method"] != "autoregressive"]):
+            mine = [r for r in group if r["config_id"] == first["config_id"]]
+            if len({r[axis] for r in mine}) > 1:
+                series.append(Series(method_label(first), [_point(r, float(r[axis]), "speedup", "no baseline", True)
+                                                            for r in mine]))
+        if series:
+            panels.append(Panel(cell_title(group[0], leave_out=axis), series))
+    return panels
+
+
+def _bar_figure(rows: list[dict[str, Any]], title: str) -> Optional[Figure]:
+    """tok/s (mean ± sample std) per config, grouped by cell."""
+    cells = list(_cells(rows).items())
+    configs = _configs(rows)
+    if not any(_finite(_num(r["tok_s_mean"])) for r in rows):
+        return None
+    width = 0.8 / len(configs)
+    fig, (ax,) = _figure(1, title, width=min(max(6.0, 0.3 * len(cells) * len(configs) + 2), MAX_WIDTH_IN - 2.4),
+                         height=4.2)
+    colors = Colors()
+    for j, first in enumerate(configs):
+        cid, label = first["config_id"], method_label(first)
+        color = colors(label)
+        xs, ys, errs = [], [], []
+        for i, (_, group) in enumerate(cells):
+            r = next((r for r in group if r["config_id"] == cid), None)
+            if r is None:
+                continue
+            x = i - 0.4 + width * (j + 0.5)
+            p = _point(r, x, "tok_s_mean", "no data", False)
+            if p.gap:
+                _gap(ax, x, p.gap, color, f"p0-gap-{cid}-cell{i}")
+            else:
+                xs.append(x)
+                ys.append(p.y)
+                errs.append(np.nan_to_num(_num(r["tok_s_std"])))
+        if xs:
+            ax.bar(xs, ys, width=width, yerr=errs, capsize=2, color=color, label=label)
+        else:  # only gaps: the legend shows its marker
+            ax.plot([], [], marker="x", markeredgewidth=2, linestyle="none", color=color, label=label)
+    ax.set_xticks(range(len(cells)), [cell_title(group[0]) for _, group in cells], rotation=20, ha="right")
+    ax.set_ylabel("output tok/s per request (mean ± std)")
+    ax.grid(True, axis="y", alpha=0.3)
+    _legend(fig, [ax])
+    return fig
+
+
+def _latencies(run: Run, host: str, configs: list[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
+    """config_id -> ttft_s and tpot_s of its ok request lines."""
+    by_id = {c.config_id: c for c in run.configs if c.host == host}
+    out: dict[str, dict[str, list[float]]] = {}
+    for first in configs:
+        c = by_id.get(str(first["config_id"]))
+        got: dict[str, list[float]] = {"ttft_s": [], "tpot_s": []}
+        for line in c.requests if c is not None and c.status.get("status") == "ok" else []:
+            if line.get("ok"):
+                for name, values in got.items():
+                    v = line.get(name)
+                    if isinstance(v, (int, float)) and not isinstance(v, bool):
+                        values.append(float(v))
+        out[str(first["config_id"])] = got
+    return out
+
+
+def _box_figure(configs: list[dict[str, Any]], values: dict[str, list[float]], title: str,
+                ylabel: str) -> Optional[Figure]:
+    """One box per config, over its requests of every cell."""
+    if not any(values.values()):
+        return None
+    fig, (ax,) = _figure(1, title, width=max(6.0, 0.7 * len(configs) + 1), height=4.2)
+    colors = Colors()
+    shown = [(i, str(r["config_id"])) for i, r in enumerate(configs) if values[str(r["config_id"])]]
+    parts = ax.boxplot([values[cid] for _, cid in shown], positions=[i for i, _ in shown], widths=0.6)
+    for median, (_, cid) in zip(parts["medians"], shown):
+        median.set_gid(f"median-{cid}")
+    for i, r in enumerate(configs):
+        if not values[str(r["config_id"])]:
+            label = method_label(r)
+            _gap(ax, i, str(r["status"]) if r["status"] != "ok" else "no data", colors(label),
+                 f"p0-gap-{r['config_id']}")
+    ax.set_xticks(range(len(configs)), [method_label(r) for r in configs], rotation=20, ha="right")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, axis="y", alpha=0.3)
+    return fig
+
+
+def _host_figures(run: Run, host: str, tp: int, rows: list[dict[str, Any]]) -> Iterator[tuple[str, Figure]]:
+    """The figures of one host and tp (`rows`: their rows of the table) that have data, named."""
+    name, where = f"{_safe(host)}-tp{tp}", f"{host} tp{tp}"
+    paths = {c.config_id: scheduling(c) for c in run.configs if c.host == host}
+    speedup = "speedup over autoregressive"
+    made = [
+        ("speedup-vs-budget", _line_figure(
+            _budget_panels(rows, "speedup", "no baseline", True, paths),
+            f"{where}: speedup vs DDTree budget (95% interval); DFlash as reference", "DDTree budget", speedup,
+            log2_x=True, baseline=True)),
+        ("tok-s", _bar_figure(rows, f"{where}: output tok/s per method and workload")),
+        ("accept-length-vs-budget", _line_figure(
+            _budget_panels(rows, "accept_length_mean", "not reported", False, paths),
+            f"{where}: mean acceptance length vs DDTree budget; DFlash as reference", "DDTree budget",
+            "accepted tokens per verify step", log2_x=True)),
+        ("speedup-vs-context", _line_figure(
+            _sweep_panels(rows, "context_tokens"), f"{where}: speedup vs context length (95% interval)",
+            "context tokens", speedup, baseline=True)),
+        ("speedup-vs-concurrency", _line_figure(
+            _sweep_panels(rows, "concurrency"), f"{where}: per-request speedup vs concurrency (95% interval)",
+            "requests in flight", speedup, log2_x=True, baseline=True)),
+    ]
+    configs = _configs(rows)
+    lat = _latencies(run, host, configs)
+    for field_, kind, what in (("ttft_s", "ttft", "time to first token (s)"),
+                               ("tpot_s", "tpot", "time per output token after the first (s)")):
+        made.append((kind, _box_figure(configs, {cid: v[field_] for cid, v in lat.items()},
+                                       f"{where}: {what}, per request, every cell", what)))
+    yield from ((f"{kind}-{name}", fig) for kind, fig in made if fig is not None)
+
+
+def figures(run: Run, df: pd.DataFrame) -> Iterator[tuple[str, Figure]]:
+    """(file name without suffix, figure) for every plot that has data, per host and tp in the table's order."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in df.to_dict("records"):
+        if not pd.isna(r["host"]) and not pd.isna(r["tp"]):
+            groups.setdefault((str(r["host"]), int(r["tp"])), []).append(r)
+    for (host, tp), rows in groups.items():
+        yield from _host_figures(run, host, tp, rows)
+
+
+def _safe(name: str) -> str:
+    """A host name as a file name part."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
+
+
+def write(run: Run, df: pd.DataFrame, out: Path) -> list[Path]:
+    """Every plot of the run as PNG and SVG into `out`; the files written, in order. Plot files of an earlier
+    report that this one no longer has are removed."""
+    written: list[Path] = []
+    with matplotlib.rc_context(RC):
+        for name, fig in figures(run, df):
+            for fmt in FORMATS:
+                buf = io.BytesIO()
+                fig.savefig(buf, format=fmt, dpi=PNG_DPI, metadata={"Date": None} if fmt == "svg" else None)
+                fig.set_layout_engine("none")  # laid out once: the next format keeps the same layout
+                path = out / f"{name}.{fmt}"
+                write_atomic(path, buf.getvalue())
+                written.append(path)
+    for stale in sorted(out.glob("*")) if out.is_dir() else []:
+        if stale.suffix.lstrip(".") in FORMATS and stale not in written:
+            stale.unlink()
+    return written
