@@ -94,7 +94,8 @@ def by_workload(df: pd.DataFrame, outcomes: Optional[Mapping[tuple[str, str], st
     for values in df.values:
         r = dict(zip(columns, values))
         label = method_label(r)
-        order.setdefault(label, budget_key(r["method"], r["method_params"]))
+        if label not in order:
+            order[label] = budget_key(r["method"], r["method_params"])
         got = rows.setdefault(tuple(r[k] for k in KEYS), {})
         if label not in got:  # a second config of one label in one cell: the first one's
             got[label] = cell_text(r, (outcomes or {}).get((r["host"], r["config_id"])))
@@ -129,6 +130,9 @@ def fit_rows(rows: list[dict[str, str]], keys: list[str], width: int = WIDTH) ->
     the keys gets one all the same."""
     if not rows:
         return []
+    whole = pipe_rows(rows).splitlines()
+    if len(whole[0]) <= width:
+        return whole
     # pipe_rows lays out each column on its own, and a line of a table (`| a | b |`) is one character and, per
     # column, its width and three: the line `| a |` of the column alone, less one
     wide = {c: len(pipe_rows([{c: r[c]} for r in rows]).split("\n", 1)[0]) - 1 for c in rows[0]}
