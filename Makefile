@@ -11,6 +11,7 @@ PIP_ARGS ?=
 
 demo: venv engine models
 	$(BIN)/ansible-playbook bench.yml -l local $(if $(RUN_ID),-e run_id=$(RUN_ID))
+	@$(BIN)/specfleet where $(if $(RUN_ID),results/$(RUN_ID))
 
 test: host-deps venv engine models wheelhouse
 	$(BIN)/python -m pytest -rfEs --durations=25 tests
@@ -45,8 +46,9 @@ $(MODELS)/.built: tools/build_tiny_models.py $(ENGINE)/.installed
 	$(ENGINE)/bin/python tools/build_tiny_models.py $(MODELS)
 	touch $@
 
-# Debian packages the host-level tests use (test hosts: debootstrap + systemd-nspawn; LXC passthrough).
-HOST_DEPS := debootstrap systemd-container lxc
+# Debian packages the host-level tests use (test hosts: debootstrap + systemd-nspawn; LXC passthrough; the HTML
+# report's browser test: chromium + chromium-driver).
+HOST_DEPS := debootstrap systemd-container lxc chromium chromium-driver
 host-deps:
 	@missing=$$(for p in $(HOST_DEPS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \

@@ -1,5 +1,5 @@
-"""`python -m collector report RUN_DIR --format md|csv|json`, `stamp` (run.json), `verdict`, `pull`, and `unpack`
-(one host's archive into the run folder)."""
+"""The `specfleet` command (also `python -m collector`): `report`, `compare`, `plot`, `where`, `pull`, and for the
+playbooks `stamp` (run.json), `unpack` (one host's archive into the run folder) and `verdict`."""
 from __future__ import annotations
 
 import argparse
@@ -10,11 +10,12 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from typing import Any
 
 from agent.records import SCHEMA_VERSION
 from agent.store import now_iso, read_json, write_atomic, write_json
 
-from . import PACK_FILE, VS_FILE
+from . import HTML_FILE, PACK_FILE, PLOTS_DIR, VS_FILE
 from .load import load_run
 from .pull import pull
 from .verdict import FAIL_ON, judge
@@ -70,27 +71,84 @@ def unpack(args: argparse.Namespace) -> int:
     return 0
 
 
-def report(args: argparse.Namespace) -> int:
-    root = Path(args.run_dir)
+def _run_dir(path: str) -> Path | None:
+    root = Path(path)
     if not root.is_dir():
         print(f"no such run folder: {root}", file=sys.stderr)
-        return 2
+        return None
+    return root
+
+
+def _load(root: Path) -> Any:
     # the report's modules (pandas, scipy) load here while other processes read the request lines of a large run
     run = load_run(root, meanwhile=lambda: importlib.import_module(".report", __package__))
-    from .report import ddtree_vs_dflash_csv, pack_check_csv, render
-
     for p in run.problems:
         print(f"warning: {p}", file=sys.stderr)
+    return run
+
+
+def _plots(run: Any, df: Any, out: Path) -> list[Path]:
+    """Write the run's plots into `out` (the ones an earlier report wrote there and this one does not go)."""
+    from . import plots
+
+    return plots.write(run, df, out)
+
+
+def report(args: argparse.Namespace) -> int:
+    root = _run_dir(args.run_dir)
+    if root is None:
+        return 2
+    run = _load(root)
+    from . import html
+    from .report import ddtree_vs_dflash_csv, pack_check_csv, render, table
+
+    if args.format == "html" or args.write:
+        df = table(run)
+        written = _plots(run, df, root / PLOTS_DIR)
+        page = html.render(run, df, written)
     if args.write:
         for fmt in ("md", "csv", "json"):
             write_atomic(root / f"report.{fmt}", render(run, fmt).encode())
+        write_atomic(root / HTML_FILE, page.encode())
         # no DDTree and DFlash in one group, no pack check (any more): no file, not an empty one
         for name, text in ((VS_FILE, ddtree_vs_dflash_csv(run)), (PACK_FILE, pack_check_csv(run))):
             if text is None:
                 (root / name).unlink(missing_ok=True)
             else:
                 write_atomic(root / name, text.encode())
-    sys.stdout.write(render(run, args.format))
+    sys.stdout.write(page if args.format == "html" else render(run, args.format, wide=args.wide))
+    return 0
+
+
+def plot(args: argparse.Namespace) -> int:
+    root = _run_dir(args.run_dir)
+    if root is None:
+        return 2
+    run = _load(root)
+    from .report import table
+
+    written = _plots(run, table(run), Path(args.out) if args.out else root / PLOTS_DIR)
+    print("\n".join(str(p) for p in written) if written else "no plot: the run has no data to draw")
+    return 0
+
+
+def where(args: argparse.Namespace) -> int:
+    """Say where a run's report and plots are (the newest run under `--results` when no run is named)."""
+    if args.run_dir:
+        root = Path(args.run_dir)
+    else:
+        runs = sorted((p for p in Path(args.results).glob("*/run.json")), key=lambda p: p.stat().st_mtime)
+        if not runs:
+            print(f"no run under {args.results}", file=sys.stderr)
+            return 2
+        root = runs[-1].parent
+    page, shown = root / HTML_FILE, root / PLOTS_DIR
+    if not page.is_file():
+        print(f"{root} has no {HTML_FILE}: run `specfleet report {root} --write`", file=sys.stderr)
+        return 2
+    pngs = sorted(shown.glob("*.png"))
+    print(f"report: {page}  (open it in a browser; also report.md, report.csv, report.json)")
+    print(f"plots:  {shown}/ ({len(pngs)} PNG, each also as SVG)" + (f", e.g. {pngs[0]}" if pngs else ""))
     return 0
 
 
@@ -105,37 +163,63 @@ def verdict(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m collector")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("report", help="print the speedup table of a run")
-    r.add_argument("run_dir")
-    r.add_argument("--format", choices=("md", "csv", "json"), default="md")
-    r.add_argument("--write", action="store_true", help="also write report.md/.csv/.json into the run folder, "
-                   f"{VS_FILE} when DDTree and DFlash share a cell, and {PACK_FILE} when a packed phase has a "
-                   "pack check")
+    p = argparse.ArgumentParser(prog="specfleet", description="Reports, plots and comparisons of specfleet runs "
+                                "(results/<run_id>/ on the controller), and fetching runs from hosts.")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    r = sub.add_parser("report", help="print the speedup report of a run", description="Print the speedup report "
+                       "of a run: per cell each method's tok/s and speedup over the autoregressive baseline with "
+                       "its 95%% interval.")
+    r.add_argument("run_dir", metavar="RUN_DIR", help="the run's folder, results/<run_id>")
+    r.add_argument("--format", choices=("md", "csv", "json", "html"), default="md",
+                   help="md: readable in a terminal (default); csv/json: every column, for programs; html: the "
+                   "self-contained page with the plots")
+    r.add_argument("--wide", action="store_true", help="md: also the full table with every column (wider than "
+                   "120 columns)")
+    r.add_argument("--write", action="store_true", help="also write report.md/.csv/.json and report.html into "
+                   f"the run folder, the plots into {PLOTS_DIR}/, {VS_FILE} when DDTree and DFlash share a cell, "
+                   f"and {PACK_FILE} when a packed phase has a pack check")
     r.set_defaults(func=report)
-    s = sub.add_parser("stamp", help="record the start or end of a session of a run in run.json")
-    s.add_argument("run_dir")
-    s.add_argument("event", choices=("start", "finish"))
-    s.add_argument("--suite")
-    s.add_argument("--hosts", nargs="*", default=[])
-    s.set_defaults(func=stamp)
-    k = sub.add_parser("unpack", help="put one host's results archive in place under a run folder")
-    k.add_argument("run_dir")
-    k.add_argument("host")
-    k.add_argument("archive")
-    k.set_defaults(func=unpack)
-    v = sub.add_parser("verdict", help="exit 1 when the run's statuses fail bench_fail_on")
-    v.add_argument("run_dir")
-    v.add_argument("--fail-on", choices=FAIL_ON, default="none_ok")
-    v.add_argument("--hosts", nargs="*", default=[])
-    v.set_defaults(func=verdict)
-    u = sub.add_parser("pull", help="fetch a run's results from hosts through ansible-runner")
+    from .compare import add_parser
+
+    add_parser(sub)
+    g = sub.add_parser("plot", help="draw a run's plots (PNG and SVG)", description="Draw a run's plots: speedup "
+                       "against DDTree budget, tok/s, acceptance length, context and concurrency sweeps, latency.")
+    g.add_argument("run_dir", metavar="RUN_DIR", help="the run's folder, results/<run_id>")
+    g.add_argument("--out", help=f"where to write them (default: RUN_DIR/{PLOTS_DIR})")
+    g.set_defaults(func=plot)
+    w = sub.add_parser("where", help="say where a run's report.html and plots are",
+                       description="Say where a run's report.html and plots are.")
+    w.add_argument("run_dir", metavar="RUN_DIR", nargs="?", help="the run's folder (default: the newest run)")
+    w.add_argument("--results", default="results", help="where runs are, for the newest (default: results)")
+    w.set_defaults(func=where)
+    u = sub.add_parser("pull", help="fetch a run's results from hosts through ansible-runner",
+                       description="Fetch a run's results from hosts (playbooks/pull.yml) and build its report.")
     u.add_argument("-l", "--limit", required=True, help="hosts or groups, as for ansible-playbook -l")
     u.add_argument("run_id", nargs="?", help="the run to fetch (default: the newest on each host)")
     u.add_argument("-i", "--inventory", action="append", default=[], help="inventory (default: the project's)")
     u.add_argument("--results", help="the controller's results folder (default: the project's results/)")
-    u.set_defaults(func=lambda a: pull(a.limit, a.run_id, a.inventory, a.results))
+    u.add_argument("--project", help="the specfleet project folder (default: the current folder)")
+    u.set_defaults(func=lambda a: pull(a.limit, a.run_id, a.inventory, a.results, a.project))
+    s = sub.add_parser("stamp", help="record the start or end of a session of a run in run.json (the playbooks "
+                       "call it)", description="Record the start or end of a session of a run in run.json.")
+    s.add_argument("run_dir", metavar="RUN_DIR", help="the run's folder, results/<run_id>")
+    s.add_argument("event", choices=("start", "finish"), help="which end of the session")
+    s.add_argument("--suite", help="the suite's name")
+    s.add_argument("--hosts", nargs="*", default=[], help="the hosts of the session")
+    s.set_defaults(func=stamp)
+    k = sub.add_parser("unpack", help="put one host's results archive in place under a run folder (the playbooks "
+                       "call it)", description="Put one host's results archive in place under a run folder, all "
+                       "at once.")
+    k.add_argument("run_dir", metavar="RUN_DIR", help="the run's folder, results/<run_id>")
+    k.add_argument("host", help="the host the archive came from")
+    k.add_argument("archive", help="the host's tar archive of its results")
+    k.set_defaults(func=unpack)
+    v = sub.add_parser("verdict", help="exit 1 when the run's statuses fail bench_fail_on",
+                       description="Exit 1 when the run's statuses fail bench_fail_on.")
+    v.add_argument("run_dir", metavar="RUN_DIR", help="the run's folder, results/<run_id>")
+    v.add_argument("--fail-on", choices=FAIL_ON, default="none_ok", help="what fails the run (default: none_ok)")
+    v.add_argument("--hosts", nargs="*", default=[], help="the hosts to judge (default: every host of the run)")
+    v.set_defaults(func=verdict)
     args = p.parse_args(argv)
     return int(args.func(args))
 

@@ -11,7 +11,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+SOURCE = Path(__file__).resolve().parents[1]  # the project itself when installed from its folder (-e)
+
+
+def project(given: str | None = None) -> Path:
+    """The specfleet project (ansible.cfg, playbooks/, inventory/): `--project`, else the current folder when it is
+    one, else the folder the package was installed from in place."""
+    for candidate in ([Path(given)] if given else []) + [Path.cwd(), SOURCE]:
+        if (candidate / "playbooks/pull.yml").is_file() and (candidate / "ansible.cfg").is_file():
+            return candidate.resolve()
+    raise SystemExit(f"no specfleet project at {given or Path.cwd()}: run from the project folder or pass "
+                     "--project")
 
 
 def _show(event: dict[str, Any]) -> bool:
@@ -30,17 +40,19 @@ def _show(event: dict[str, Any]) -> bool:
     return True
 
 
-def pull(limit: str, run_id: str | None, inventory: list[str], results: str | None = None) -> int:
+def pull(limit: str, run_id: str | None, inventory: list[str], results: str | None = None,
+         project_dir: str | None = None) -> int:
     import ansible_runner
 
+    root = project(project_dir)
     bin_dir = str(Path(sys.executable).parent)
-    env = {"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
+    env = {"ANSIBLE_CONFIG": str(root / "ansible.cfg"), "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
            "ANSIBLE_NOCOLOR": "1"}
     os.environ["PATH"] = env["PATH"]
     with tempfile.TemporaryDirectory(prefix="specfleet-pull-") as tmp:
         r = ansible_runner.run(
-            private_data_dir=tmp, project_dir=str(ROOT), playbook=str(ROOT / "playbooks/pull.yml"),
-            inventory=[str(Path(i).resolve()) for i in inventory] or [str(ROOT / "inventory/hosts.yml")],
+            private_data_dir=tmp, project_dir=str(root), playbook=str(root / "playbooks/pull.yml"),
+            inventory=[str(Path(i).resolve()) for i in inventory] or [str(root / "inventory/hosts.yml")],
             limit=limit, extravars={**({"run_id": run_id} if run_id else {}),
                                     **({"bench_controller_results": str(Path(results).resolve())} if results else {})},
             envvars=env, quiet=True,
