@@ -2,8 +2,8 @@
 
 A command runs in the repository root through bash, after every `. <file>` line that comes before it in
 the README (the virtualenv's activation), with the shipped inventory, host_vars and group_vars. The only
-thing a test fills in is what the README leaves to the reader: `<id>` (a run id the test made) and one of
-the alternatives `md|csv|json`; `[<id>]` is run with and without the id.
+thing a test fills in is what the README leaves to the reader: `<id>` and `<old-id>` (run ids the test made) and
+one of the alternatives `md|csv|json`; `[<id>]` is run with and without the id.
 """
 from __future__ import annotations
 
@@ -52,11 +52,15 @@ def resolves(host: str) -> bool:
     return True
 
 
-def typed(command: str, *, timeout: float, run_id: str | None = None, fmt: str | None = None
-          ) -> subprocess.CompletedProcess[str]:
-    """Run one README command as typed; `<id>`, `[<id>]` and `md|csv|json` filled in as the reader would."""
+def typed(command: str, *, timeout: float, run_id: str | None = None, fmt: str | None = None,
+          old_run_id: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run one README command as typed; `<id>`, `[<id>]`, `<old-id>` and `md|csv|json` filled in as the reader
+    would."""
     assert command in commands(), f"not a README command: {command}"
     line = command
+    if "<old-id>" in line:
+        assert old_run_id, f"{command} needs an earlier run id"
+        line = line.replace("<old-id>", old_run_id)
     if "[<id>]" in line:
         line = line.replace("[<id>]", run_id or "")
     elif "<id>" in line:

@@ -20,8 +20,10 @@ COVERED: dict[str, list[str]] = {
         "tests/playbooks/test_readme_local.py::test_resume_keeps_every_config_then_force_runs_them_all_again"],
     "ansible-playbook bench.yml -l local -e run_id=<id> -e force=true": [
         "tests/playbooks/test_readme_local.py::test_resume_keeps_every_config_then_force_runs_them_all_again"],
-    "python -m collector report results/<id> --format md|csv|json": [
+    "specfleet report results/<id> --format md|csv|json": [
         "tests/playbooks/test_readme_local.py::test_collector_report_in_each_format"],
+    "specfleet compare results/<old-id> results/<id>": [
+        "tests/playbooks/test_readme_local.py::test_resume_keeps_every_config_then_force_runs_them_all_again"],
     "ansible-playbook bench.yml -l ct200 -e plan=true": [
         "tests/playbooks/test_readme_local.py::test_plan_for_ct200_prints_every_config_without_connecting"],
     "ansible-playbook bench.yml -l ct200 -e plan=true -e phases=tp1": [
@@ -47,7 +49,7 @@ COVERED: dict[str, list[str]] = {
     "make testhosts": ["tests/playbooks/conftest.py::testhosts"],
     "ansible-playbook playbooks/engine.yml -l testhosts": ["tests/playbooks/conftest.py::testhosts"],
     "ansible-playbook bench.yml -l testhosts": ["tests/playbooks/test_testhosts_suite.py::two_host_run"],
-    "python -m collector pull -l testhosts [<id>]": [
+    "specfleet pull -l testhosts [<id>]": [
         "tests/playbooks/test_testhosts_suite.py::test_collector_pull_fetches_a_run"],
 }
 

@@ -14,6 +14,7 @@ import io
 import json
 import re
 import shutil
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -82,10 +83,19 @@ def test_make_demo_ends_with_the_speedup_table(demo: Demo) -> None:
     for k, cid in enumerate(CONFIGS, 1):
         assert f"local: [{k}/4] {cid}" in out
     assert "fib: " in out and " tok/s" in out and "± " in out  # the hand-run line style
-    assert "speedup_ci_low" in out and "PLAY RECAP" in out
+    assert "## Speedup vs the autoregressive baseline" in out and "| cell " in out and "PLAY RECAP" in out
     assert re.search(r"^local\s+: ok=\d+\s+changed=\d+\s+unreachable=0\s+failed=0 ", out, re.M), out[-2000:]
-    for name in ("report.md", "report.csv", "report.json", "run.json"):
+    for name in ("report.md", "report.csv", "report.json", "report.html", "run.json"):
         assert (demo.run_dir / name).is_file(), name
+    # the last lines say where the page and the plots are
+    report, plots = out.strip().splitlines()[-2:]
+    assert report.startswith(f"report: results/{demo.run_id}/report.html"), out[-1000:]
+    pngs = sorted((demo.run_dir / "plots").glob("*.png"))
+    assert plots.startswith(f"plots:  results/{demo.run_id}/plots/ ({len(pngs)} PNG") and pngs, out[-1000:]
+    assert all(p.with_suffix(".svg").is_file() for p in pngs)
+    print(f"a plot of the demo: {pngs[0]}")
+    head = (demo.run_dir / "report.md").read_text().splitlines()[:30]
+    print("the terminal report's first 30 lines:\n" + "\n".join(head))
 
 
 def test_the_demo_results_follow_the_contract(demo: Demo) -> None:
@@ -157,7 +167,7 @@ def test_make_test_fast_runs_the_tests_not_marked_slow() -> None:
 
 @pytest.mark.parametrize("fmt", ["md", "csv", "json"])
 def test_collector_report_in_each_format(demo: Demo, fmt: str) -> None:
-    res = typed("python -m collector report results/<id> --format md|csv|json", timeout=120,
+    res = typed("specfleet report results/<id> --format md|csv|json", timeout=120,
                 run_id=demo.run_id, fmt=fmt)
     assert res.returncode == 0, res.stderr[-3000:]
     if fmt == "csv":
@@ -173,7 +183,8 @@ def test_collector_report_in_each_format(demo: Demo, fmt: str) -> None:
     elif fmt == "json":
         assert len(json.loads(res.stdout)["rows"]) == 64
     else:
-        assert "| host" in res.stdout and "tp1-draft_model-k3" in res.stdout
+        assert "| cell " in res.stdout and "draft_model-k3" in res.stdout
+        assert max(len(line) for line in res.stdout.splitlines()) <= 120
 
 
 def test_check_mode_starts_nothing(demo: Demo) -> None:
@@ -195,6 +206,8 @@ def test_resume_keeps_every_config_then_force_runs_them_all_again(demo: Demo) ->
     assert [e["event"] for e in demo.last_invocation()] == ["suite_start", *["config_kept"] * 4, "suite_end"]
     assert {cid: digest(demo.host_run / cid / "requests.jsonl") for cid in CONFIGS} == before
 
+    earlier = demo.run_dir.with_name(f"{demo.run_id}-first")  # the first run, kept to compare the second with
+    shutil.copytree(demo.run_dir, earlier)
     res = typed("ansible-playbook bench.yml -l local -e run_id=<id> -e force=true", timeout=1500,
                 run_id=demo.run_id)
     assert res.returncode == 0, res.stdout[-3000:]
@@ -204,7 +217,23 @@ def test_resume_keeps_every_config_then_force_runs_them_all_again(demo: Demo) ->
         assert json.loads((demo.run_dir / "local" / cid / "status.json").read_text())["status"] == "ok"
         assert digest(demo.host_run / cid / "requests.jsonl") != before[cid]
         assert digest(demo.run_dir / "local" / cid / "requests.jsonl") == digest(demo.host_run / cid / "requests.jsonl")
-    assert "speedup_ci_low" in res.stdout
+    assert "## Speedup vs the autoregressive baseline" in res.stdout
+
+    # two real runs of one machine, cell by cell: every cell in both, the same environment, and exit 1 exactly
+    # when a cell's slowdown passes the threshold with an interval below 1 (this machine is noisy: either can be)
+    res = typed("specfleet compare results/<old-id> results/<id>", timeout=300, old_run_id=earlier.name,
+                run_id=demo.run_id)
+    assert res.returncode in (0, 1), res.stderr[-3000:]
+    assert "Environment" in res.stdout and max(len(line) for line in res.stdout.splitlines()) <= 120
+    doc = json.loads(subprocess.run([str(ROOT / ".venv/bin/specfleet"), "compare", str(earlier), str(demo.run_dir),
+                                     "--format", "json"], cwd=ROOT, capture_output=True, text=True,
+                                    timeout=300).stdout)
+    assert doc["counts"]["only_a"] == doc["counts"]["only_b"] == doc["counts"]["not_ok"] == 0
+    assert len(doc["cells"]) == 4 * 16 and doc["broken"] == []
+    assert [d for d in doc["environment"] if d["label"] != "specfleet"] == []
+    regressed = [c for c in doc["cells"] if c["ci_high"] is not None and c["ratio"] < 0.95 and c["ci_high"] < 1]
+    assert len(doc["regressed"]) == len(regressed) and (res.returncode == 1) == bool(regressed)
+    shutil.rmtree(earlier)
 
 
 def test_plan_for_ct200_prints_every_config_without_connecting() -> None:

@@ -99,13 +99,13 @@ def test_suite_on_two_hosts_with_systemd(two_host_run: tuple[Bench, str, str], t
 
 
 def test_collector_pull_fetches_a_run(two_host_run: tuple[Bench, str, str]) -> None:
-    """`python -m collector pull -l testhosts [<id>]` as typed, with the id and without it (the newest run on
+    """`specfleet pull -l testhosts [<id>]` as typed, with the id and without it (the newest run on
     each host: this one): th1's folder, removed on the controller, comes back; the table is the same."""
     bench, run, _ = two_host_run
     before = cells(bench.results, run)
     for run_id in (run, None):
         shutil.rmtree(bench.results / run / "th1")
-        res = typed("python -m collector pull -l testhosts [<id>]", timeout=600, run_id=run_id)
+        res = typed("specfleet pull -l testhosts [<id>]", timeout=600, run_id=run_id)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
         assert "th1: Fetch the results to the controller: ok" in res.stdout
         assert (bench.results / run / "th1/tp1-ngram-k2/requests.jsonl").is_file()
