@@ -28,6 +28,8 @@ from collector.plots import figures, write
 from collector.report import table
 from controller import matrix
 
+pytestmark = pytest.mark.slow  # matplotlib at scale: `make test` runs it, `make test-fast` does not
+
 HOST, MAX_TOKENS = "gpu1", 64
 BUDGETS = (8, 12, 16, 32, 64)
 FACTOR = {"autoregressive": 1.0, "dflash": 2.0, "dflash-nooverlap": 1.8,

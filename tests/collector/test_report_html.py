@@ -25,8 +25,9 @@ from tests.collector.test_plots import FAILED, write_run
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
-pytestmark = pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
-                                reason="needs Debian's chromium and chromium-driver (make host-deps)")
+pytestmark = [pytest.mark.slow,  # a real browser: `make test` runs it, `make test-fast` does not
+              pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
+                                 reason="needs Debian's chromium and chromium-driver (make host-deps)")]
 
 
 @pytest.fixture(scope="module")
