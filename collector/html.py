@@ -5,7 +5,6 @@ failures with their log tails, and the problems met while reading the results.""
 from __future__ import annotations
 
 import base64
-import math
 from html import escape
 from pathlib import Path
 from typing import Any, Iterable
@@ -15,6 +14,7 @@ import pandas as pd
 from .environment import environment
 from .load import ConfigResult, Run
 from .views import KEYS, by_workload, outcomes
+from .views import na as _na
 
 LOG_LINES = 40  # the end of a failed config's server.log shown
 LOG_BYTES = 64 << 10  # read from the end of server.log for those lines (the whole log may be large)
@@ -71,10 +71,6 @@ document.querySelectorAll("table.sortable").forEach(function (table) {
 
 def _e(v: Any) -> str:
     return escape(str(v), quote=True)
-
-
-def _na(v: Any) -> bool:
-    return v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v))
 
 
 def _number(v: Any) -> bool:

@@ -23,6 +23,7 @@ from .load import NONE, ConfigResult, Run, Summary
 from .mdtable import pipe_rows, pipe_table
 from .stats import ratio_ci_of
 from .views import AR, KEYS, WIDTH, budget, budget_key, by_workload, fit_rows, outcomes, wrap
+from .views import na as _na
 
 CELL = ["host", "engine", "model", "tp", *records.CELL]  # a row of the table; a spec row pairs with the baseline's
 COLUMNS = CELL + ["config_id", "method", "method_params", "n", "errors", "tok_s_mean", "tok_s_std", "speedup",
@@ -479,10 +480,6 @@ def hand_run_lines(df: pd.DataFrame) -> list[str]:
                 extra.append(f"[{r['flags']}]")
             lines.append(f"{text}  ({', '.join(extra)})")
     return lines
-
-
-def _na(v: Any) -> bool:
-    return v is None or bool(pd.isna(v))
 
 
 def _tok_text(mean: Any, std: Any, n: Any, unit: str = "") -> str:

@@ -18,7 +18,8 @@ _RANK = {"autoregressive": 0, "dflash": 1, "ddtree": 2}  # every other method af
 WIDTH = 120  # a terminal's columns
 
 
-def _na(v: Any) -> bool:
+def na(v: Any) -> bool:
+    """An empty table value: None, NaN or pandas' NA."""
     return v is None or bool(pd.isna(v))
 
 
@@ -56,7 +57,7 @@ def method_label(row: Mapping[str, Any]) -> str:
         return AR
     cid, tp = str(row["config_id"]), row["tp"]
     prefix = f"tp{tp}-"
-    return cid[len(prefix):] if not _na(tp) and cid.startswith(prefix) and len(cid) > len(prefix) else cid
+    return cid[len(prefix):] if not na(tp) and cid.startswith(prefix) and len(cid) > len(prefix) else cid
 
 
 def outcomes(run: Run) -> dict[tuple[str, str], str]:
@@ -70,9 +71,9 @@ def cell_text(r: Mapping[str, Any], outcome: Optional[str] = None) -> str:
     status; without it, baseline_failed is taken for a skip and every other reason for a failure."""
     status = r["status"]
     if status == "ok":
-        if _na(r["tok_s_mean"]):
+        if na(r["tok_s_mean"]):
             return "no ok request"
-        return f"{r['tok_s_mean']:.1f}" + ("" if _na(r["speedup"]) else f" ({r['speedup']:.2f}x)")
+        return f"{r['tok_s_mean']:.1f}" + ("" if na(r["speedup"]) else f" ({r['speedup']:.2f}x)")
     if status == "no_data":
         return "no data"
     if status in ("failed", "skipped"):
