@@ -187,7 +187,7 @@ class Suite:
         if base is not None and alone:
             self.one(base, pool[0], 1, spans)
         gated = base is not None and not alone
-        busy = self.host.busy = pack.Busy(gate=base["config_id"] if gated and base is not None else None)
+        busy = self.host.busy = pack.Busy(gate=base["config_id"] if gated else None)
         queue = deque(([base] if gated else []) + rest)
         errors: List[BaseException] = []
 
