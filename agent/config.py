@@ -22,7 +22,7 @@ from .engines import PORT, Engine
 from .measure import Endpoint, Measured, PromptError, measure
 from .pack import Busy, Slot
 from .records import Event, Outcome
-from .server import ProcessServer, Server, StartupFailed, connect_host, free_port
+from .server import HeldBack, ProcessServer, Server, StartupFailed, connect_host, free_port
 from .store import (
     HostStore,
     now_iso,
@@ -201,17 +201,23 @@ def _serve(host: Host, cfg: Mapping[str, Any], folder: Path, port: int, slot: Op
                 "model": cfg["model"]["name"], "phase": cfg["phase"]}
     out = Measured([])
     ready_s = None
+    busy, held, gate_wait_s = host.busy, False, None
     try:
         with server:
-            ready_s = round(server.wait_ready(host.engine.health_path, cfg["timeouts"]["health_s"]), 3)
+            gate_failed = (lambda: busy.gate_failed(cfg["config_id"])) if busy is not None else (lambda: False)
+            ready_s = round(server.wait_ready(host.engine.health_path, cfg["timeouts"]["health_s"], gate_failed), 3)
             host.store.event(Event.CONFIG_READY, config_id=cfg["config_id"], ready_s=ready_s, port=port,
                              server_pid=server.pid)
+            if busy is not None:  # packed: no request before the phase's baseline answered its warmup
+                t_gate = time.monotonic()
+                if busy.held_back(cfg["config_id"]):
+                    raise HeldBack()
+                gate_wait_s = round(time.monotonic() - t_gate, 3)
             # what the kernel holds it to, not what was asked
             seen = cpus_allowed(server.pid) if slot is not None and slot.cpus and server.pid else None
             # GPU clocks, power, temperature and throttle reasons at 1 Hz (nothing on a host without nvidia-smi)
             indices = list(slot.gpus) if slot is not None and slot.gpus else None
             with gpusample.Sampler(folder / "gpu.jsonl", indices=indices) as gpus:
-                busy = host.busy
                 wait_s = float(cfg["timeouts"]["health_s"]) if cfg.get("pack_check_of") else 0.0
                 try:
                     out = measure(cfg, identity, server, Endpoint(host.engine, port, server.host, host.headers),
@@ -224,12 +230,19 @@ def _serve(host: Host, cfg: Mapping[str, Any], folder: Path, port: int, slot: Op
                     out.detail = f"{type(exc).__name__}: {exc}"
             if seen is not None:
                 out.fields["cpus_seen"] = seen
+            if gate_wait_s is not None:
+                out.fields["gate_wait_s"] = gate_wait_s
             state = gpus.summary(*out.window) if out.window else None
             if state is not None:
                 out.fields["gpu_state"] = state
             if out.window:  # on the wall clock, so that configs packed beside it can be set against it
                 to_epoch = time.time() - time.monotonic()
                 out.fields["timed_window"] = [round(t + to_epoch, 3) for t in out.window]
+    except HeldBack:
+        held = True
+        out.reason, out.detail = Reason.BASELINE_FAILED, (
+            f"stopped {'once up' if ready_s is not None else 'while starting'}, before any request: the "
+            f"autoregressive baseline of phase {cfg['phase']} did not start or answer")
     except StartupFailed as exc:
         out.reason, out.detail = exc.reason, exc.detail
         if exc.reason == Reason.CRASHED:
@@ -247,7 +260,8 @@ def _serve(host: Host, cfg: Mapping[str, Any], folder: Path, port: int, slot: Op
         notes.append(f"{len(server.survivors)} process(es) outlived the server (left its process group or "
                      f"unit) and were killed: {what}")
     log_text = _scrubbed_log(server.log_path, host.secrets(cfg))
-    return Result(Outcome.FAILED if out.reason else Outcome.OK, out.reason, "; ".join(notes) or None, out.rows,
+    outcome = Outcome.SKIPPED if held else Outcome.FAILED if out.reason else Outcome.OK
+    return Result(outcome, out.reason, "; ".join(notes) or None, out.rows,
                   tail(log_text, 40), argv,
                   dict(ready_s=ready_s, port=port, timed_s=round(out.timed_s, 3), stop_s=round(server.stop_s, 3),
                        survivors=server.survivors, **out.fields))

@@ -6,9 +6,11 @@ configs onto the slots as the agent runs them, for the plan's per-slot timelines
 `neighbours()` says, after a phase, which configs ran beside each one and for how long.
 
 The baseline starts first, on the first slot, and gates the others:
-- without the pack check, they start once the baseline's server is up and has answered its warmup (a baseline
-  that cannot start, or cannot answer, starts nothing else); the baseline then measures beside them, packed
-  like every other config;
+- without the pack check, the other slots start their servers beside it (the engine's startup is the long part,
+  and it sends no request), but nothing else is measured, nor sent a request, until the baseline's server is up
+  and has answered its warmup. A baseline that cannot start or cannot answer stops the servers already starting
+  before their first request (recorded `skipped`, reason baseline_failed) and starts nothing else; the baseline
+  then measures beside the others, packed like every other config;
 - with the pack check (`pack_check`), the baseline runs alone to its end, so that its figures are the alone
   ones the check compares against; the others start only if it finished ok.
 """
@@ -179,28 +181,34 @@ def alone(group: Sequence[Mapping[str, Any]]) -> bool:
 
 
 def gate_s(base: Mapping[str, Any], group: Sequence[Mapping[str, Any]]) -> float:
-    """Estimated seconds from the baseline's start until the other configs of its phase may start."""
+    """Estimated seconds from the baseline's start until the other configs of its phase may send requests."""
     if alone(group):
         return float(base["estimate_s"])
     return min(float(base["estimate_s"]), float(base.get("estimate_ready_s") or 0.0))
 
 
 def timeline(configs: Sequence[Mapping[str, Any]], phase_slots: Mapping[str, List[Slot]]) -> List[Placed]:
-    """Every config's estimated place: phase after phase; in a phase the baseline first on the first slot, the
-    others from its gate on (`gate_s`), each next config on the slot that frees first (the agent's order)."""
+    """Every config's estimated place: phase after phase; in a phase the baseline first on the first slot, each
+    next config on the slot that frees first (the agent's order). Without the pack check the other slots start
+    with the baseline, and a config up before the gate (`gate_s`) waits for it before its requests; with it,
+    they start at the baseline's end."""
     out: List[Placed] = []
     t = 0.0
     for phase, group in phase_order(configs):
         pool = phase_slots.get(phase) or [Slot(0)]
         base, rest = split(group) if len(pool) > 1 else (None, list(group))
-        free = [t] * len(pool)
+        free, gate = [t] * len(pool), t
         if base is not None:
             out.append(Placed(base["config_id"], phase, pool[0], t, t + base["estimate_s"]))
-            free = [t + base["estimate_s"]] + [t + gate_s(base, group)] * (len(pool) - 1)
+            gate = t + gate_s(base, group)
+            free = [t + base["estimate_s"]] + [t if not alone(group) else gate] * (len(pool) - 1)
         for cfg in rest:
             i = min(range(len(pool)), key=lambda k: (free[k], k))
-            out.append(Placed(cfg["config_id"], phase, pool[i], free[i], free[i] + cfg["estimate_s"]))
-            free[i] += cfg["estimate_s"]
+            est = float(cfg["estimate_s"])
+            ready = min(est, float(cfg.get("estimate_ready_s") or 0.0))
+            end = max(free[i] + ready, gate) + est - ready
+            out.append(Placed(cfg["config_id"], phase, pool[i], free[i], end))
+            free[i] = end
         t = max(free)
     return out
 
@@ -231,17 +239,39 @@ def neighbours(spans: Mapping[str, Mapping[str, Any]]) -> Dict[str, List[Dict[st
 class Busy:
     """Which configs of a packed phase are up and which are in their timed requests, so that the pack check
     starts its timed requests only while another slot is measuring (or once no other config is left up); and
-    the baseline's gate: `opened` is set once the `gate` config enters its timed requests (its server is up and
-    answered its warmup) or ends, whichever comes first."""
+    the baseline's gate: `launched` is set once the `gate` config has started (or was kept from an earlier
+    invocation), `opened` once it enters its timed requests (its server is up and answered its warmup: `proven`)
+    or ends, whichever comes first."""
 
     def __init__(self, gate: Optional[str] = None) -> None:
         self.cond = threading.Condition()
         self.up: Set[str] = set()
         self.timing: Set[str] = set()
         self.gate = gate
+        self.launched = threading.Event()
         self.opened = threading.Event()
+        self.proven = gate is None
         if gate is None:
+            self.launched.set()
             self.opened.set()
+
+    def prove(self) -> None:
+        """The gate config answered (or was already ok): the others may send their requests."""
+        self.proven = True
+        self.launched.set()
+        self.opened.set()
+
+    def held_back(self, config_id: str) -> bool:
+        """True when `config_id` may not send requests: it is not the gate, and the gate ended without being
+        proven. Waits for the gate to open first."""
+        if config_id == self.gate:
+            return False
+        self.opened.wait()
+        return not self.proven
+
+    def gate_failed(self, config_id: str) -> bool:
+        """Without waiting: whether the gate has already ended unproven (for a server still starting)."""
+        return config_id != self.gate and self.opened.is_set() and not self.proven
 
     @contextmanager
     def running(self, config_id: str) -> Iterator[None]:
@@ -255,6 +285,7 @@ class Busy:
                 self.timing.discard(config_id)
                 self.cond.notify_all()
             if config_id == self.gate:
+                self.launched.set()
                 self.opened.set()
 
     @contextmanager
@@ -270,7 +301,7 @@ class Busy:
             self.timing.add(config_id)
             self.cond.notify_all()
         if config_id == self.gate:
-            self.opened.set()
+            self.prove()
         try:
             yield waited
         finally:

@@ -142,6 +142,9 @@ STATUS = (
        "for its GPUs' memory to come back (its slot's GPUs when packed)", required=False),
     _f("waited_for_neighbours_s", "number", "the pack check: seconds it waited, ready, for another slot to be "
        "in its timed requests", required=False),
+    _f("gate_wait_s", "number", "packed: seconds its server, up, waited for the phase's baseline to answer its "
+       "warmup before its own first request (0 for the baseline and when the gate was already open)",
+       required=False),
     _f("timed_window", "array", "[from, to] of the timed requests, epoch seconds", required=False),
     _f("slot", "object", "where a packed config ran: index, gpus (nvidia-smi indices), cpus (a CPU list or null) "
        "and, with cpus, cpus_seen (the server's Cpus_allowed_list once ready); absent when it had the whole host",

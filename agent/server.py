@@ -32,6 +32,10 @@ class StartupFailed(Exception):
         self.detail = detail
 
 
+class HeldBack(Exception):
+    """The server is not to be used after all (a packed phase's baseline failed while it started)."""
+
+
 class Server:
     """One engine server, as a context manager: entering starts it, leaving stops it (errors of the stop are
     kept in `stop_error`, its duration in `stop_s`). `wait_ready` and the port checks are shared; a backend
@@ -77,12 +81,15 @@ class Server:
         if port_in_use(self.port, self.host):
             raise StartupFailed(Reason.PORT_IN_USE, f"port {self.port} on {self.host} is already taken")
 
-    def wait_ready(self, health_path: str, deadline_s: float) -> float:
+    def wait_ready(self, health_path: str, deadline_s: float, held_back: Callable[[], bool] = lambda: False) -> float:
         """Seconds from now to a 200 on the health endpoint from this server's own listener; fails at once
-        when the server dies, when another program answers on the port, or at the deadline."""
+        when the server dies, when another program answers on the port, or at the deadline; raises HeldBack
+        as soon as `held_back()` is true."""
         t0 = time.monotonic()
         end = t0 + deadline_s
         while True:
+            if held_back():
+                raise HeldBack()
             dead = self.startup_failure()
             if dead:
                 raise StartupFailed(Reason.CRASHED, dead)

@@ -3,9 +3,10 @@ and an ETA.
 
 A config already `ok` with the same digest is kept unless forced; a phase whose baseline fails has
 its other configs skipped; a failing config is recorded (see `config.py`) and the suite goes on.
-A packed phase (`pack.py`) starts its baseline first on the first slot and the rest once the baseline's server
-answered its warmup (with the pack check: once the baseline ended), on all its slots at once, one thread per
-slot taking the next config as its slot frees; each config's status then names its neighbours.
+A packed phase (`pack.py`) starts its baseline first on the first slot and the rest on the other slots beside
+it, to send requests once the baseline's server answered its warmup (with the pack check: to start once the
+baseline ended), one thread per slot taking the next config as its slot frees; each config's status then names
+its neighbours.
 """
 from __future__ import annotations
 
@@ -149,12 +150,18 @@ class Suite:
                      elapsed_s=time.monotonic() - self.t0, eta_s=self.eta.left())
         if slot is not None:
             where["slot"] = slot.index
+        busy = self.host.busy
+        gate = busy is not None and cfg["config_id"] == busy.gate
         if not self.force and kept(store, cfg):
             store.event(Event.CONFIG_KEPT, **where)
+            if gate:
+                busy.prove()
             with self.lock:
                 self.eta.done(cfg["estimate_s"] / share, cfg["estimate_s"] / share * self.eta.scale)
             return store.status(cfg["config_id"]) or {}
         store.event(Event.CONFIG_START, **where)
+        if gate:
+            busy.launched.set()
         started, up_from = time.monotonic(), time.time()
         baseline = cfg["method"] == "autoregressive" and not cfg.get("pack_check_of")
         if not baseline and cfg["phase"] in self.failed_baselines:  # the pack check too
@@ -178,9 +185,10 @@ class Suite:
 
     def packed(self, group: List[Dict[str, Any]], pool: List[Slot]) -> None:
         """One phase over its slots, a thread per slot taking the next config as its slot frees. The baseline
-        starts first on the first slot; the other slots wait for its gate (`pack.Busy`): its warmup answered,
-        or, with the pack check, its end. A baseline that did not start, answer or (with the check) finish ok
-        starts nothing after it. Then each config's status gets its neighbours."""
+        starts first on the first slot; the other slots start theirs once it has started and hold their requests
+        until its gate (`pack.Busy`): its warmup answered. With the pack check they start only after its end.
+        A baseline that did not start, answer or (with the check) finish ok stops the servers still waiting
+        and starts nothing after it. Then each config's status gets its neighbours."""
         spans: Dict[str, Dict[str, Any]] = {}
         base, rest = pack.split(group)
         alone = pack.alone(group)
@@ -193,7 +201,7 @@ class Suite:
 
         def worker(slot: Slot) -> None:
             if slot is not pool[0]:
-                busy.opened.wait()
+                busy.launched.wait()
             while not errors:
                 with self.lock:
                     if not queue:
@@ -204,6 +212,7 @@ class Suite:
                         self.one(cfg, slot, len(pool), spans)
                 except BaseException as exc:  # raised again once every slot has stopped
                     errors.append(exc)
+                    busy.launched.set()
                     busy.opened.set()
 
         threads = [threading.Thread(target=worker, args=(slot,), name=f"slot-{slot.index}") for slot in pool]

@@ -261,7 +261,8 @@ def packed_lines(configs: list[dict[str, Any]], suite: Mapping[str, Any]) -> lis
     check = bool(suite.get("pack_check"))
     lines = [f"Packing ({PREFIX}pack): in each phase the baseline starts first on the first slot; the other configs "
              + ("start once it has finished ok (alone: the pack check compares it with its packed copy)" if check
-                else "start once its server is up and answered its warmup (it then measures packed beside them)")
+                else "start beside it and send their first request once its server is up and answered its "
+                     "warmup (it then measures packed beside them; if it fails first, they are stopped unused)")
              + ", each on the slot that frees first"]
     for phase, group in pack.phase_order(configs):
         mine = [p for p in placed if p.phase == phase]

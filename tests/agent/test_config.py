@@ -54,7 +54,8 @@ FLAGS = ("--help", "--model", "--served-model-name", "--host", "--port", "--tens
 CONTEXT = 48
 MAX_TOKENS = 8
 
-# The fake engine. The header written before it sets VERSION, HELP, HELP_RC and CRASH.
+# The fake engine. The header written before it sets VERSION, HELP, HELP_RC, CRASH and CRASH_PLAIN_AFTER_S (only
+# a server without a speculative config crashes, that many seconds after its start: a baseline that fails late).
 ENGINE_BODY = r'''
 import http.server, json, os, sys, time
 
@@ -79,11 +80,11 @@ key = os.environ.get("VLLM_API_KEY", "")
 print("fake-vllm starting:", " ".join(argv), flush=True)
 # engines log what they were given: the agent must scrub it from server.log
 print("fake-vllm secrets:", {k: v for k, v in os.environ.items() if "TOKEN" in k or "KEY" in k}, flush=True)
-if CRASH:
-    time.sleep(0.3)
+spec = "--speculative-config" in argv
+if CRASH and (CRASH_PLAIN_AFTER_S is None or not spec):
+    time.sleep(0.3 if CRASH_PLAIN_AFTER_S is None else CRASH_PLAIN_AFTER_S)  # an engine's startup before it fails
     print(CRASH, file=sys.stderr, flush=True)
     sys.exit(1)
-spec = "--speculative-config" in argv
 
 
 def tokenize(text, special=True):
@@ -120,7 +121,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return self.reply(404, {"error": "not found"})
         prompt, n = body["prompt"], body["max_tokens"]
         ids = prompt if isinstance(prompt, list) else tokenize(prompt)
-        print("fake-vllm completion: prompt_tokens", len(ids), "max_tokens", n, flush=True)
+        print("fake-vllm completion: prompt_tokens", len(ids), "max_tokens", n, "at", time.time(), flush=True)
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
@@ -158,12 +159,12 @@ def help_text(flags: Sequence[str]) -> str:
 
 
 def write_engine(folder: Path, flags: Sequence[str] = FLAGS, help_out: Optional[str] = None, help_rc: int = 0,
-                 crash: str = "") -> str:
+                 crash: str = "", crash_plain_after_s: Optional[float] = None) -> str:
     """An executable standing in for the engine's Python (see ENGINE_BODY); its path."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "fake-vllm-python"
     header = (f"#!{sys.executable}\nVERSION = {ENGINE_VERSION!r}\nHELP = {help_out or help_text(flags)!r}\n"
-              f"HELP_RC = {help_rc!r}\nCRASH = {crash!r}\n")
+              f"HELP_RC = {help_rc!r}\nCRASH = {crash!r}\nCRASH_PLAIN_AFTER_S = {crash_plain_after_s!r}\n")
     path.write_text(header + ENGINE_BODY)
     path.chmod(0o755)
     return str(path)

@@ -102,17 +102,22 @@ def test_timeline_baseline_alone_then_longest_first_on_the_slot_that_frees_first
     assert pack.check_copy(base)["pack_check_of"] == "tp1-ar"
 
 
-def test_timeline_without_the_pack_check_starts_the_others_once_the_baseline_is_up() -> None:
-    configs = [cfg("tp1-ar", 100, "autoregressive", estimate_ready_s=20), cfg("a", 30), cfg("b", 90),
-               cfg("c", 60), cfg("d", 20)]
+def test_timeline_without_the_pack_check_starts_the_others_beside_the_baseline() -> None:
+    """The other slots start with the baseline; a config up before the baseline's gate (its server up and its
+    warmup answered, 20 s here) sends its first request only then."""
+    configs = [cfg("tp1-ar", 100, "autoregressive", estimate_ready_s=20), cfg("a", 30, estimate_ready_s=10),
+               cfg("b", 90, estimate_ready_s=5), cfg("c", 60, estimate_ready_s=20), cfg("d", 20, estimate_ready_s=10)]
     two = [Slot(0, (0,)), Slot(1, (1,))]
     placed = {p.config_id: (p.slot.index, p.start_s, p.end_s) for p in pack.timeline(configs, {"tp1": two})}
-    assert placed == {"tp1-ar": (0, 0, 100), "b": (1, 20, 110), "c": (0, 100, 160), "a": (1, 110, 140),
-                      "d": (1, 140, 160)}
+    # b: up at 5, waits for the gate at 20, then its 85 s of requests; the rest as their slots free
+    assert placed == {"tp1-ar": (0, 0, 100), "b": (1, 0, 105), "c": (0, 100, 160), "a": (1, 105, 135),
+                      "d": (1, 135, 155)}
     assert pack.gate_s(configs[0], configs) == 20
-    # with the pack check in the phase the baseline is alone to its end
+    # with the pack check in the phase the baseline is alone to its end, and the others start after it
     check = [*configs, pack.check_copy(configs[0])]
     assert pack.alone(check) and pack.gate_s(configs[0], check) == 100
+    after = [p for p in pack.timeline(check, {"tp1": two}) if p.config_id != "tp1-ar"]
+    assert min(p.start_s for p in after) == 100
 
 
 def test_timeline_of_an_unpacked_suite_is_the_sum() -> None:

@@ -1,7 +1,8 @@
 """A packed phase run by the agent for real: two CPU slots (taskset), the fake engine of test_config as servers.
-The baseline starts first on slot 0: with the pack check it runs alone to its end, without it the others start
-once it answered its warmup; then the rest two at a time, each server held to its slot's CPU; every status names
-its slot and its neighbours; a baseline that fails starts nothing else."""
+The baseline starts first on slot 0: with the pack check it runs alone to its end; without it the other slot
+starts beside it but sends no request before the baseline answered its warmup; then the rest two at a time, each
+server held to its slot's CPU; every status names its slot and its neighbours; a baseline that fails stops the
+server waiting beside it unused and starts nothing else."""
 from __future__ import annotations
 
 import json
@@ -87,7 +88,13 @@ def test_a_packed_phase_runs_its_baseline_alone_then_two_at_a_time_each_on_its_c
     assert config["pack_check_of"] == "tp1-autoregressive" and config["method"] == "autoregressive"
 
 
-def test_without_the_pack_check_the_others_start_once_the_baseline_answered_its_warmup(tmp_path: Path) -> None:
+def requests_at(log: Path) -> List[float]:
+    """When the fake engine received each completion request (warmup included), epoch seconds."""
+    return [float(line.rsplit(" at ", 1)[1]) for line in log.read_text().splitlines()
+            if line.startswith("fake-vllm completion:")]
+
+
+def test_without_the_pack_check_the_others_start_beside_the_baseline_and_wait_for_its_warmup(tmp_path: Path) -> None:
     plan = packed_plan(write_engine(tmp_path / "engine"))
     ids = [c["config_id"] for c in plan["configs"]]
     assert ids == ["tp1-autoregressive", "tp1-ngram-k2", "tp1-ngram-k3", "tp1-ngram-k4"]
@@ -97,26 +104,61 @@ def test_without_the_pack_check_the_others_start_once_the_baseline_answered_its_
     assert {cid: s["status"] for cid, s in status.items()} == {cid: "ok" for cid in ids}
     ev = events(root)
     span = intervals(ev)
-    ready = next(i for i, e in enumerate(ev) if e["event"] == "config_ready"
-                 and e["config_id"] == "tp1-autoregressive")
-    # nothing else started before the baseline's server was up, and the first other config started on slot 1
-    # while the baseline was still measuring: it is packed like the rest
-    assert all(start > ready for cid, (start, _) in span.items() if cid != "tp1-autoregressive")
+    base_ready = next(i for i, e in enumerate(ev) if e["event"] == "config_ready"
+                      and e["config_id"] == "tp1-autoregressive")
+    # the baseline started first; the first other config started on slot 1 beside it, before its server was up
+    assert ev[span["tp1-autoregressive"][0]]["event"] == "config_start" and min(
+        start for start, _ in span.values()) == span["tp1-autoregressive"][0]
     first = min((start, cid) for cid, (start, _) in span.items() if cid != "tp1-autoregressive")
-    assert first[0] < span["tp1-autoregressive"][1]
-    assert status[first[1]]["slot"]["index"] == 1
-    assert status["tp1-autoregressive"]["slot"]["index"] == 0
+    assert first[0] < base_ready, [(e["event"], e.get("config_id")) for e in ev]
+    assert status[first[1]]["slot"]["index"] == 1 and status["tp1-autoregressive"]["slot"]["index"] == 0
+    # but no other server got a request, warmup included, before the baseline's warmup was answered
+    base_timed_from = status["tp1-autoregressive"]["timed_window"][0]
+    for cid in ids[1:]:
+        assert min(requests_at(root / HOST / cid / "server.log")) >= base_timed_from - 0.01, cid
+        assert status[cid]["gate_wait_s"] >= 0
+    assert status[first[1]]["gate_wait_s"] > 0  # it was up first and waited
     assert [n["config_id"] for n in status["tp1-autoregressive"]["neighbours"]][:1] == [first[1]]
 
 
 def test_a_packed_phase_whose_baseline_fails_starts_nothing_else(tmp_path: Path) -> None:
+    """Every server crashes at its start: the baseline fails; the config started beside it fails on its own (it is
+    recorded as it happened) and the configs after them are never started."""
     plan = packed_plan(write_engine(tmp_path / "engine", crash="CUDA out of memory"))
     root = tmp_path / "results" / RUN_ID
     Suite(plan, root, invocation="inv").run()
     ids = [c["config_id"] for c in plan["configs"]]
     status = {cid: json.loads((root / HOST / cid / "status.json").read_text()) for cid in ids}
     assert status["tp1-autoregressive"]["status"] == "failed"
+    beside = [cid for cid in ids[1:] if "slot" in status[cid]]  # started on slot 1 before the baseline failed
+    assert beside and {status[cid]["slot"]["index"] for cid in beside} == {1}
+    for cid in beside:
+        assert (status[cid]["status"], status[cid]["reason"]) in {("failed", "oom"), ("skipped", "baseline_failed")}
     for cid in ids[1:]:
-        assert (status[cid]["status"], status[cid]["reason"]) == ("skipped", "baseline_failed")
-        assert (root / HOST / cid / "server.log").read_text().startswith("[specfleet] server not started")
+        if cid not in beside:
+            assert (status[cid]["status"], status[cid]["reason"]) == ("skipped", "baseline_failed")
+            assert (root / HOST / cid / "server.log").read_text().startswith("[specfleet] server not started")
     assert [e["config_id"] for e in events(root) if e["event"] == "config_ready"] == []
+
+
+def test_a_baseline_that_fails_after_the_others_are_up_stops_them_before_any_request(tmp_path: Path) -> None:
+    """The baseline's engine fails 5 s into its start; the n-gram server beside it is up by then, waits, and is
+    stopped without a single request (not even its warmup), recorded skipped with the reason; nothing else
+    starts."""
+    plan = packed_plan(write_engine(tmp_path / "engine", crash="CUDA out of memory", crash_plain_after_s=5.0))
+    root = tmp_path / "results" / RUN_ID
+    Suite(plan, root, invocation="inv").run()
+    ids = [c["config_id"] for c in plan["configs"]]
+    status = {cid: json.loads((root / HOST / cid / "status.json").read_text()) for cid in ids}
+    assert (status["tp1-autoregressive"]["status"], status["tp1-autoregressive"]["reason"]) == ("failed", "oom")
+    ev = events(root)
+    up = [e["config_id"] for e in ev if e["event"] == "config_ready"]
+    assert len(up) == 1 and up[0] != "tp1-autoregressive", up
+    held = status[up[0]]
+    assert (held["status"], held["reason"], held["slot"]["index"]) == ("skipped", "baseline_failed", 1)
+    assert "stopped once up, before any request" in held["detail"] and held["requests"] == 0
+    assert requests_at(root / HOST / up[0] / "server.log") == []
+    for cid in ids[1:]:
+        if cid != up[0]:
+            assert (status[cid]["status"], status[cid]["reason"]) == ("skipped", "baseline_failed")
+            assert (root / HOST / cid / "server.log").read_text().startswith("[specfleet] server not started")
