@@ -38,10 +38,19 @@ Definitions (tokens are the server's `usage.completion_tokens` for both; nothing
   over the paired units (delta method on the log ratio, paired: t with n-1 degrees of freedom). "agree" means
   the interval lies inside 0.98-1.02, "differ" that it lies outside, "unresolved" that it is wider.
 
+Stalls. On a machine of few cores a spinning engine thread starves whatever shares its core: with vLLM's CPU
+worker bound to core 0, a bare `python -c` pinned there took 21.9 s to finish against 0.35 s on core 1. A client
+or API server that waits for a starved core sees the first chunk late, often with the whole response, so TTFT
+turns bimodal. `--server-env VLLM_CPU_OMP_THREADS_BIND=0` keeps the engine's compute on core 0 and leaves the
+other core to the API server and both clients; at concurrency 1 it gave the same tok/s (319 against 317) and a
+median TTFT of 37 ms with 5 of 200 requests above 60 ms, against about a quarter above 300 ms by default. The
+mean TTFT is still carried by those few stalls (one of 774 ms weighs as much as twenty ordinary requests), so
+its interval stays wide.
+
 Usage (after `make engine models`, on an otherwise idle machine; on 2 busy cores a pair took ~1.5 s at
 concurrency 1 and ~2.5 s at concurrency 4, and the server ~30-90 s to start):
   .venv/bin/python benchmarks/agreement.py [--pairs 400] [--concurrency 1 4] [--max-tokens 256] [--budget-s S]
-                                            [--gap-s 0] [--out rows.jsonl]
+                                            [--gap-s 0] [--out rows.jsonl] [--server-env KEY=VALUE ...]
   .venv/bin/python benchmarks/agreement.py --report rows.jsonl [more.jsonl ...]   # the table from saved rows
 """
 from __future__ import annotations
@@ -121,12 +130,13 @@ def _render(value: Any, names: Dict[str, str]) -> Any:
     return value
 
 
-def demo_server(work: Path) -> Tuple[ProcessServer, Dict[str, Any]]:
-    """The autoregressive server of host_vars/local.yml (its flags and environment), caches under `work`."""
+def demo_server(work: Path, extra_env: Dict[str, str]) -> Tuple[ProcessServer, Dict[str, Any]]:
+    """The autoregressive server of host_vars/local.yml (its flags and environment, `extra_env` over it),
+    caches under `work`."""
     hv = yaml.safe_load((ROOT / "host_vars/local.yml").read_text())
     hv = _render(hv, {"specfleet_root": str(ROOT), "bench_host_dir": str(work)})
     cfg = {"model": hv["bench_model"], "tp": 1, "server_args": hv["bench_server_args"], "method": "autoregressive",
-           "method_params": {}, "env": {k: str(v) for k, v in hv["bench_env"].items()}}
+           "method_params": {}, "env": {**{k: str(v) for k, v in hv["bench_env"].items()}, **extra_env}}
     for key in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TMPDIR", "VLLM_RPC_BASE_PATH"):
         Path(cfg["env"][key]).mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -230,6 +240,7 @@ def pairs_at(n: int, pairs: int, budget_s: float, gap_s: float, max_tokens: int,
         if rows_out is not None:
             rows_out.write(json.dumps({"concurrency": n, "max_tokens": max_tokens, "gap_s": gap_s, "pair": i,
                                        "workload": name, "first": "specfleet" if i % 2 == 0 else "vllm",
+                                       "t_s": round(time.monotonic() - t0, 3),
                                        "specfleet": a.__dict__, "vllm": b.__dict__}) + "\n")
             rows_out.flush()
         if (i + 1) % 50 == 0:
@@ -273,6 +284,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--budget-s", type=float, default=float("inf"), help="stop a concurrency's pairs after this")
     p.add_argument("--out", type=Path, help="also write every pair's figures here (JSON lines)")
     p.add_argument("--report", type=Path, nargs="+", help="no run: the table from these --out files, pooled")
+    p.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="an environment variable for the server, over host_vars/local.yml's (repeatable)")
     p.add_argument("--work", type=Path, default=ROOT / ".work/agreement", help="server log and caches")
     args = p.parse_args(argv)
     if args.report:
@@ -280,7 +293,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # leave through the server's stop
     become_subreaper()
-    server, hv = demo_server(args.work)
+    server, hv = demo_server(args.work, dict(kv.split("=", 1) for kv in args.server_env))
     sampling = hv["bench_sampling"]
     cfg = {"timeouts": {"request_s": hv["bench_timeouts"]["request_s"]}, "model": hv["bench_model"],
            "sampling": sampling}
