@@ -40,17 +40,26 @@ Definitions (tokens are the server's `usage.completion_tokens` for both; nothing
 
 Stalls. On a machine of few cores a spinning engine thread starves whatever shares its core: with vLLM's CPU
 worker bound to core 0, a bare `python -c` pinned there took 21.9 s to finish against 0.35 s on core 1. A client
-or API server that waits for a starved core sees the first chunk late, often with the whole response, so TTFT
-turns bimodal. `--server-env VLLM_CPU_OMP_THREADS_BIND=0` keeps the engine's compute on core 0 and leaves the
-other core to the API server and both clients; at concurrency 1 it gave the same tok/s (319 against 317) and a
-median TTFT of 37 ms with 5 of 200 requests above 60 ms, against about a quarter above 300 ms by default. The
-mean TTFT is still carried by those few stalls (one of 774 ms weighs as much as twenty ordinary requests), so
-its interval stays wide.
+or API server that waits for a starved core sees the first chunk late, often with the whole response (a lump:
+the first chunk after 90% of the request's time), so TTFT turns bimodal and its mean cannot resolve 2%.
+`--engine-core 0` gives the engine's compute (vLLM's worker process, bound by VLLM_CPU_OMP_THREADS_BIND) core 0
+alone and moves every other thread of the server, and both clients, to the other cores. On 2 idle cores, 250
+pairs at each concurrency, no lump: TTFT 0.9831 [0.9809, 0.9854] at concurrency 1 (33.6 against 34.2 ms) and
+0.9838 [0.9815, 0.9861] at 4, output tok/s within 0.1%. The run before it, also isolated, had a lump of ~760 ms
+in one pair at each concurrency: TTFT 0.9842 [0.9742, 0.9942] and 1.0083 [0.9569, 1.0624]. Sharing the cores
+(VLLM_CPU_OMP_THREADS_BIND=0 alone), 5 of 200 requests were above 60 ms. The table counts lumps and, where a pair
+has one, adds the TTFT of the pairs without.
 
-Usage (after `make engine models`, on an otherwise idle machine; on 2 busy cores a pair took ~1.5 s at
-concurrency 1 and ~2.5 s at concurrency 4, and the server ~30-90 s to start):
+specfleet's TTFT is ~0.6 ms (1.7%) lower at both concurrencies. Both clocks start before the request is built
+and stop on the first chunk with a token; the difference is each client's own work in between: against
+benchmarks/null_server.py (`--null-pairs`), with both cores free, specfleet's client took 0.50 ms and vLLM's
+(aiohttp on asyncio) 0.94 ms to its first chunk at concurrency 1.
+
+Usage (after `make engine models`, on an otherwise idle machine; a pair took ~1.4 s at concurrency 1 and ~2 s at
+concurrency 4, and the server ~30 s to start):
   .venv/bin/python benchmarks/agreement.py [--pairs 400] [--concurrency 1 4] [--max-tokens 256] [--budget-s S]
-                                            [--gap-s 0] [--out rows.jsonl] [--server-env KEY=VALUE ...]
+                                            [--gap-s 0] [--out rows.jsonl] [--engine-core N] [--null-pairs K]
+                                            [--server-env KEY=VALUE ...]
   .venv/bin/python benchmarks/agreement.py --report rows.jsonl [more.jsonl ...]   # the table from saved rows
 """
 from __future__ import annotations
@@ -58,7 +67,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -130,9 +141,10 @@ def _render(value: Any, names: Dict[str, str]) -> Any:
     return value
 
 
-def demo_server(work: Path, extra_env: Dict[str, str]) -> Tuple[ProcessServer, Dict[str, Any]]:
+def demo_server(work: Path, extra_env: Dict[str, str],
+                cpus: Optional[str] = None) -> Tuple[ProcessServer, Dict[str, Any]]:
     """The autoregressive server of host_vars/local.yml (its flags and environment, `extra_env` over it),
-    caches under `work`."""
+    caches under `work`, started by taskset on `cpus` when given."""
     hv = yaml.safe_load((ROOT / "host_vars/local.yml").read_text())
     hv = _render(hv, {"specfleet_root": str(ROOT), "bench_host_dir": str(work)})
     cfg = {"model": hv["bench_model"], "tp": 1, "server_args": hv["bench_server_args"], "method": "autoregressive",
@@ -142,9 +154,56 @@ def demo_server(work: Path, extra_env: Dict[str, str]) -> Tuple[ProcessServer, D
     port = free_port()
     argv = [str(port) if a == PORT_PLACEHOLDER else a
             for a in ENGINES["vllm"].launch_command(str(ENGINE_PYTHON), cfg, "127.0.0.1")]
+    if cpus is not None:
+        argv = ["taskset", "--cpu-list", cpus, *argv]
     env = {**server_env(cfg), MARK: f"agreement/{uuid.uuid4().hex[:12]}"}
     server = ProcessServer(argv, env, work / "server.log", port, stop_deadline_s=hv["bench_timeouts"]["stop_s"])
     return server, {**hv, "port": port}
+
+
+def _tree(pid: int) -> List[int]:
+    """`pid` and its descendants, from /proc."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                pass
+    return out
+
+
+def isolate_compute(pid: int, core: int, rest: set) -> Tuple[int, int]:
+    """Move every thread of the server's process tree off `core` except those the engine bound to it alone
+    (its compute threads): (threads moved, threads left on `core`)."""
+    moved = kept = 0
+    for p in _tree(pid):
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            tid = int(task.name)
+            try:
+                if os.sched_getaffinity(tid) == {core}:
+                    kept += 1
+                else:
+                    os.sched_setaffinity(tid, rest)
+                    moved += 1
+            except OSError:  # the thread ended meanwhile
+                pass
+    return moved, kept
+
+
+def _wait_listening(port: int, deadline_s: float) -> None:
+    """Until something accepts connections on 127.0.0.1:`port`."""
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+            return
+        except OSError:
+            if time.monotonic() > end:
+                raise RuntimeError(f"nothing listens on port {port} after {deadline_s:.0f} s") from None
+            time.sleep(0.05)  # poll interval, not a wait for an event
 
 
 # -- the two clients ----------------------------------------------------------------------------------------
@@ -156,11 +215,13 @@ class Unit:
     unit_tok_s: float
     ttft_ms: float
     tokens: List[int]
+    coalesced: int = 0  # requests whose first chunk came after 90% of their time: the stream arrived in a lump
 
 
 def _unit(tokens: List[int], latencies: List[float], ttfts: List[float], wall_s: float) -> Unit:
     return Unit(tok_s=sum(t / e for t, e in zip(tokens, latencies)) / len(tokens), unit_tok_s=sum(tokens) / wall_s,
-                ttft_ms=1000 * sum(ttfts) / len(ttfts), tokens=tokens)
+                ttft_ms=1000 * sum(ttfts) / len(ttfts), tokens=tokens,
+                coalesced=sum(f >= 0.9 * e for f, e in zip(ttfts, latencies)))
 
 
 def specfleet_unit(ep: Endpoint, cfg: Dict[str, Any], prompt: str, max_tokens: int, n: int, tag: str) -> Unit:
@@ -210,7 +271,7 @@ class VllmClient:
 
 # -- the run ------------------------------------------------------------------------------------------------
 def pairs_at(n: int, pairs: int, budget_s: float, gap_s: float, max_tokens: int, ep: Endpoint, cfg: Dict[str, Any],
-             vllm: VllmClient, rows_out: Optional[Any]) -> List[Tuple[Unit, Unit]]:
+             vllm: VllmClient, rows_out: Optional[Any], server: str = "engine") -> List[Tuple[Unit, Unit]]:
     """`pairs` alternating units of both clients at concurrency `n`, the prompts in turn, `gap_s` of quiet before
     each unit; fewer when `budget_s` seconds have passed (always an even number, so each client went first
     equally often)."""
@@ -238,26 +299,45 @@ def pairs_at(n: int, pairs: int, budget_s: float, gap_s: float, max_tokens: int,
                 raise RuntimeError(f"the server reported {u.tokens} completion tokens, not {max_tokens} each")
         out.append((a, b))
         if rows_out is not None:
-            rows_out.write(json.dumps({"concurrency": n, "max_tokens": max_tokens, "gap_s": gap_s, "pair": i,
-                                       "workload": name, "first": "specfleet" if i % 2 == 0 else "vllm",
+            rows_out.write(json.dumps({"server": server, "concurrency": n, "max_tokens": max_tokens, "gap_s": gap_s,
+                                       "pair": i, "workload": name, "first": "specfleet" if i % 2 == 0 else "vllm",
                                        "t_s": round(time.monotonic() - t0, 3),
                                        "specfleet": a.__dict__, "vllm": b.__dict__}) + "\n")
             rows_out.flush()
-        if (i + 1) % 50 == 0:
+        if (i + 1) % 50 == 0 and server == "engine":
             print(f"  concurrency {n}: {i + 1}/{pairs} pairs, {time.monotonic() - t0:.0f} s", file=sys.stderr)
     return out
 
 
-def report(n: int, setting: str, got: List[Tuple[Unit, Unit]]) -> None:
+def _row(label: str, a: Sequence[float], b: Sequence[float]) -> None:
+    ratio, lo, hi = paired_ratio_ci(a, b)
+    interval = f"[{lo:.4f}, {hi:.4f}]" if lo is not None and hi is not None else "-"
+    print(f"  {label:26} {sum(a) / len(a):10.2f} {sum(b) / len(b):10.2f} "
+          f"{ratio if ratio is not None else float('nan'):7.4f}  {interval:17} {verdict(lo, hi)}")
+
+
+def _median(xs: Sequence[float]) -> float:
+    return sorted(xs)[len(xs) // 2]
+
+
+def report(n: int, setting: str, got: List[Tuple[Unit, Unit]], null: Sequence[Tuple[Unit, Unit]] = ()) -> None:
+    """The table for one concurrency; with `null` (the pairs against benchmarks/null_server.py) each client's TTFT
+    there. It is not subtracted: the null server's own share differs by client (a thread per new connection for
+    specfleet's client, which opens one per request; none for vLLM's, which keeps its connections open)."""
     print(f"\nconcurrency {n}: {len(got)} pairs ({len(got) * n} requests per client), {setting}")
     print(f"  {'figure':26} {'specfleet':>10} {'vLLM':>10} {'ratio':>7}  {'95% interval':17} |ratio-1| < 2%")
     for key, label in FIGURES:
-        a = [getattr(x, key) for x, _ in got]
-        b = [getattr(y, key) for _, y in got]
-        ratio, lo, hi = paired_ratio_ci(a, b)
-        interval = f"[{lo:.4f}, {hi:.4f}]" if lo is not None and hi is not None else "-"
-        print(f"  {label:26} {sum(a) / len(a):10.2f} {sum(b) / len(b):10.2f} "
-              f"{ratio if ratio is not None else float('nan'):7.4f}  {interval:17} {verdict(lo, hi)}")
+        _row(label, [getattr(x, key) for x, _ in got], [getattr(y, key) for _, y in got])
+    clean = [(x, y) for x, y in got if not x.coalesced and not y.coalesced]
+    if 1 < len(clean) < len(got):
+        _row("  pairs without a lump", [x.ttft_ms for x, _ in clean], [y.ttft_ms for _, y in clean])
+        print(f"  ({len(got) - len(clean)} pairs left out: a stream whose first chunk came after 90% of its "
+              f"time, {sum(x.coalesced for x, _ in got)} specfleet and {sum(y.coalesced for _, y in got)} vLLM "
+              f"requests)")
+    if null:
+        own = [_median([u.ttft_ms for u in side]) for side in zip(*null)]
+        print(f"  TTFT against benchmarks/null_server.py, which answers at once ({len(null)} pairs, median): "
+              f"specfleet {own[0]:.2f} ms, vLLM {own[1]:.2f} ms")
     slow = [sum(u.ttft_ms > 40 for u in side) / len(got) for side in zip(*got)]
     median = [sorted(u.ttft_ms for u in side)[len(got) // 2] for side in zip(*got)]
     print(f"  TTFT of a unit above 40 ms: specfleet {100 * slow[0]:.0f}%, vLLM {100 * slow[1]:.0f}% of units; "
@@ -269,10 +349,12 @@ def report_rows(paths: Sequence[Path]) -> None:
     rows = [{**json.loads(line), "run": str(path)} for path in paths for line in path.read_text().splitlines()
             if line.strip()]
     for n in sorted({r["concurrency"] for r in rows}):
-        mine = [r for r in rows if r["concurrency"] == n]
+        mine = [r for r in rows if r["concurrency"] == n and r.get("server", "engine") == "engine"]
+        null = [r for r in rows if r["concurrency"] == n and r.get("server") == "null"]
         settings = sorted({f"max_tokens {r['max_tokens']}, {r['gap_s']:g} s before each unit" for r in mine})
         report(n, f"{len({r['run'] for r in mine})} run(s): {'; '.join(settings)}",
-               [(Unit(**r["specfleet"]), Unit(**r["vllm"])) for r in mine])
+               [(Unit(**r["specfleet"]), Unit(**r["vllm"])) for r in mine],
+               [(Unit(**r["specfleet"]), Unit(**r["vllm"])) for r in null])
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -286,6 +368,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--report", type=Path, nargs="+", help="no run: the table from these --out files, pooled")
     p.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE",
                    help="an environment variable for the server, over host_vars/local.yml's (repeatable)")
+    p.add_argument("--engine-core", type=int, metavar="N",
+                   help="the engine's compute alone on core N (VLLM_CPU_OMP_THREADS_BIND=N); the API server, the "
+                        "engine's other threads and both clients on the other cores")
+    p.add_argument("--null-pairs", type=int, default=0,
+                   help="also this many pairs per concurrency against benchmarks/null_server.py, first")
     p.add_argument("--work", type=Path, default=ROOT / ".work/agreement", help="server log and caches")
     args = p.parse_args(argv)
     if args.report:
@@ -293,27 +380,50 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # leave through the server's stop
     become_subreaper()
-    server, hv = demo_server(args.work, dict(kv.split("=", 1) for kv in args.server_env))
+    env = dict(kv.split("=", 1) for kv in args.server_env)
+    every = os.sched_getaffinity(0)
+    rest = every - {args.engine_core}
+    if args.engine_core is not None:
+        if args.engine_core not in every or not rest:
+            p.error(f"--engine-core {args.engine_core}: needs a core of {sorted(every)} and another beside it")
+        env["VLLM_CPU_OMP_THREADS_BIND"] = str(args.engine_core)
+        os.sched_setaffinity(0, rest)  # this process and the vLLM client driver it starts
+    server, hv = demo_server(args.work, env, ",".join(map(str, sorted(every))) if args.engine_core is not None
+                             else None)
     sampling = hv["bench_sampling"]
     cfg = {"timeouts": {"request_s": hv["bench_timeouts"]["request_s"]}, "model": hv["bench_model"],
            "sampling": sampling}
     ep = Endpoint(ENGINES["vllm"], hv["port"])
     vllm = VllmClient()
+    null_port = free_port()
+    null_server = None
+    if args.null_pairs:
+        null_server = subprocess.Popen([sys.executable, str(ROOT / "benchmarks/null_server.py"), str(null_port)])
+        _wait_listening(null_port, 30.0)
     rows_out = args.out.open("w") if args.out else None
     print(__doc__[__doc__.index("Definitions"):__doc__.index("Usage")].rstrip())
     try:
         with server:
             ready = server.wait_ready(ENGINES["vllm"].health_path, hv["bench_timeouts"]["health_s"])
             print(f"\nserver ready in {ready:.1f} s on port {hv['port']} ({' '.join(server.argv[1:4])} ...)")
+            if args.engine_core is not None and server.pid is not None:
+                moved, kept = isolate_compute(server.pid, args.engine_core, rest)
+                print(f"engine compute on core {args.engine_core} ({kept} threads); {moved} other server threads "
+                      f"and the clients on {','.join(map(str, sorted(rest)))}")
             for n in args.concurrency:  # warm both clients and the server at this concurrency, untimed
                 specfleet_unit(ep, cfg, workloads.PROMPTS["fib"], 16, n, f"warm-c{n}")
                 vllm.unit(ep.port, cfg["model"]["name"], workloads.PROMPTS["fib"], 16, n, sampling, f"vwarm-c{n}")
+                null = [] if not args.null_pairs else pairs_at(n, args.null_pairs, float("inf"), 0.0, args.max_tokens,
+                                Endpoint(ENGINES["vllm"], null_port), cfg, vllm, rows_out, server="null")
                 got = pairs_at(n, args.pairs, args.budget_s, args.gap_s, args.max_tokens, ep, cfg, vllm, rows_out)
                 report(n, f"max_tokens {args.max_tokens}, ignore_eos, temperature 0, {args.gap_s:g} s before each "
-                          f"unit", got)
+                          f"unit", got, null)
                 sys.stdout.flush()
     finally:
         vllm.close()
+        if null_server is not None:
+            null_server.terminate()
+            null_server.wait()
         if rows_out is not None:
             rows_out.close()
     print(f"\nserver stopped in {server.stop_s:.1f} s{'; ' + server.stop_error if server.stop_error else ''}")
