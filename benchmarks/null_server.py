@@ -2,9 +2,10 @@
 
 Every request gets `max_tokens` chunks of one token each, shaped as vLLM's OpenAI server streams them, then the
 usage chunk and `[DONE]`, written as fast as the socket takes them (HTTP/1.1, chunked, keep-alive). A client's
-time to first chunk against it is the client's own part of every TTFT it reports: building and sending the
-request, the loopback round trip, and parsing the first chunk. `benchmarks/agreement.py` measures both clients
-against it so that a difference between their TTFTs can be split into client overhead and anything else.
+time to first chunk against it is about the client's own part of every TTFT it reports (building and sending the
+request, the loopback round trip, parsing the first chunk) plus this server's, which is not the same for every
+client: a new connection costs it a thread. `benchmarks/agreement.py --null-pairs K` measures both clients
+against it and prints the figures beside the engine's.
 
 Usage: python benchmarks/null_server.py PORT   (binds 127.0.0.1; runs until killed)
 """
