@@ -1,6 +1,7 @@
 """Action `bench_follow`: follow the agent's progress events on the host until its suite ends.
 
-Each poll runs `python -m agent progress` on the host; `controller.follow` turns the answers into progress
+Each poll runs `python <agent> progress` on the host (the archive the role installed, or `-m agent` in
+`agent_dir`); `controller.follow` turns the answers into progress
 lines as they happen and the task's result. Fails with the agent's own log when it dies early.
 """
 from __future__ import annotations
@@ -35,10 +36,11 @@ class ActionModule(ActionBase):
         timeout = float(a.get("timeout", 172800))
         start_timeout = float(a.get("start_timeout", 60))
         interval = float(a.get("interval", 2))
+        entry = [a["agent"]] if a.get("agent") else ["-m", "agent"]  # the archive, or the package in agent_dir
         t0 = time.monotonic()
         while True:
             cmd = (f"cd {shlex.quote(a['agent_dir'])} && "
-                   + " ".join(shlex.quote(x) for x in (a["python"], "-m", "agent", "progress", "--events",
+                   + " ".join(shlex.quote(x) for x in (a["python"], *entry, "progress", "--events",
                                                        a["events"], "--offset", str(follow.offset),
                                                        "--state", a["state"])))
             res = self._low_level_execute_command(cmd)
