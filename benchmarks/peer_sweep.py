@@ -272,14 +272,16 @@ def specfleet_configs(run_dir: Path) -> Dict[str, Dict[str, Optional[float]]]:
 def busiest_slot(configs: Mapping[str, Mapping[str, Any]]) -> Optional[Tuple[int, float, List[str]]]:
     """The packed slot with the most config wall (its configs run one after another): no packed run of these
     configs can be shorter. None when the run was not packed."""
-    slots: Dict[int, List[str]] = {}
+    walls: Dict[int, float] = {}
+    names: Dict[int, List[str]] = {}
     for name, c in configs.items():
         if c.get("slot") is not None and c.get("wall") is not None:
-            slots.setdefault(int(c["slot"]), []).append(name)
-    if not slots:
+            walls[int(c["slot"])] = walls.get(int(c["slot"]), 0.0) + c["wall"]
+            names.setdefault(int(c["slot"]), []).append(name)
+    if not walls:
         return None
-    index, names = max(slots.items(), key=lambda kv: sum(configs[n]["wall"] for n in kv[1]))
-    return index, sum(configs[n]["wall"] for n in names), sorted(names)
+    index = max(walls, key=walls.__getitem__)
+    return index, walls[index], sorted(names[index])
 
 
 @dataclass
