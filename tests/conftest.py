@@ -2,9 +2,14 @@
 
 - `playbook`: runs the real ansible-playbook (tests/playbooks, tests/plugins, the role runs in tests/roles);
 - `slow`: minutes — the real CPU engine, test hosts or containers (tests/playbooks, tests/hosts, the role runs);
-- `testhosts`: the systemd-nspawn test hosts (root); `gpu`: a real NVIDIA GPU (tests/gpu).
+- `testhosts`: the systemd-nspawn test hosts (root); `gpu`: a real NVIDIA GPU (tests/gpu);
+- `engine`: the real CPU engine (set by the tests themselves: the claim is the engine's).
 
-`make test-fast` runs what is not slow; `make test` runs everything and lists the slowest tests.
+`make test-fast` runs what is not slow; `make test` runs everything on two workers (pytest-xdist, `--dist
+loadgroup`) and lists the slowest tests. The groups keep what shares a resource on one worker, one test at a time:
+`serial` holds every run of this machine's suite (the real engine's and the stand-in's: their kill windows and
+deadlines are timed, and the engine takes a core), `testhosts` the tests of the two test hosts (one session
+fixture builds them); the rest spreads over both workers.
 """
 from __future__ import annotations
 
@@ -30,6 +35,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.testhosts)
         if folder == "gpu":
             item.add_marker(pytest.mark.gpu)
+        if path.name in TESTHOSTS:
+            item.add_marker(pytest.mark.xdist_group("testhosts"))
+        elif folder == "playbooks" or item.get_closest_marker("engine"):
+            item.add_marker(pytest.mark.xdist_group("serial"))
 
 
 _SECONDS: dict[str, float] = {}

@@ -1,5 +1,6 @@
-"""Integration fixtures: real ansible-playbook runs against the real CPU engine on this machine, and the two test
-hosts (systemd-nspawn machines) that the test-host tests share."""
+"""Integration fixtures: real ansible-playbook runs on this machine, against the real CPU engine where the claim is
+the engine's and the stand-in engine (tests/standin) where it is specfleet's, and the two test hosts
+(systemd-nspawn machines) that the test-host tests share."""
 from __future__ import annotations
 
 import json
@@ -16,6 +17,7 @@ import yaml
 from tests import playbook
 from tests.hosts.testhosts import TestHosts
 from tests.readme import typed
+from tests.standin import write_python
 
 ROOT = playbook.ROOT
 BIN = playbook.BIN
@@ -60,6 +62,11 @@ class Bench:
     def start(self, extra: dict[str, Any], *args: str) -> subprocess.Popen[str]:
         return playbook.start(self.args(extra, *args))
 
+    def standin(self, **env: str) -> dict[str, str]:
+        """Extra vars that make the stand-in engine (tests/standin) every server of the run, with these knobs for
+        all of them (a config's own `env` adds more)."""
+        return {"bench_engine_python": str(write_python(self.tmp / "standin", env))}
+
     def host_run(self, run_id: str) -> Path:
         return self.host_dir / "results" / run_id / "local"
 
@@ -84,9 +91,11 @@ def _kill_leftovers(marker: str) -> None:
                 pass
 
 
-@pytest.fixture(scope="session", autouse=True)
-def engine_ready() -> None:
-    if not ENGINE_PY.exists() or not (MODELS / "target/config.json").exists():
+@pytest.fixture(autouse=True)
+def engine_ready(request: pytest.FixtureRequest) -> None:
+    """Tests marked `engine` run the real CPU engine: it and the tiny models must be built."""
+    if request.node.get_closest_marker("engine") and (
+            not ENGINE_PY.exists() or not (MODELS / "target/config.json").exists()):
         pytest.fail("the CPU engine and tiny models are missing: run `make engine models` first")
 
 

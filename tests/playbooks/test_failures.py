@@ -1,27 +1,14 @@
-"""Failing configs are recorded with a classified reason and the suite goes on."""
+"""Failing configs are recorded with a classified reason and the suite goes on: faults injected by the stand-in
+engine at points the test sets; the baseline that the real engine's own `--help` refuses."""
 from __future__ import annotations
 
-import http.client
 import json
 import os
-import signal
 import time
 
+import pytest
+
 from .conftest import Bench, reduced_matrix
-
-
-def requests_served(port: int) -> float:
-    """Finished requests according to the engine's own /metrics."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-    try:
-        conn.request("GET", "/metrics")
-        body = conn.getresponse().read().decode()
-    except OSError:
-        return 0.0
-    finally:
-        conn.close()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
-               if line.startswith("vllm:request_success_total"))
 
 
 def wait_for(cond, deadline: float, what: str):
@@ -35,23 +22,21 @@ def wait_for(cond, deadline: float, what: str):
 
 
 def test_killed_crashing_and_unsupported_configs_are_recorded_and_the_suite_goes_on(bench: Bench) -> None:
+    """The stand-in engine kills itself (SIGKILL) after two or more timed requests of tp1-ngram-k2: a point the
+    test sets in tokens (32 warmup + 3 x 128 + 20), not a race against the engine's speed."""
     run = "it-failures"
     matrix = reduced_matrix([
         {"method": "autoregressive"},
-        {"method": "ngram", "num_speculative_tokens": 2},
+        {"method": "ngram", "num_speculative_tokens": 2,
+         "env": {"STANDIN_FAULT": "sigkill", "STANDIN_FAULT_AFTER_TOKENS": str(32 + 3 * 128 + 20)}},
         {"method": "ngram", "num_speculative_tokens": 3, "id": "ngram-badflag", "server_args": ["--no-such-flag"]},
         {"method": "draft_model", "num_speculative_tokens": 2, "id": "broken-draft",
          "draft_model": {"name": "missing", "path": str(bench.tmp / "no-such-model")}},
         {"method": "ngram", "num_speculative_tokens": 4},
     ], workloads=["fib", "json"], max_tokens=[128], context_tokens=[0], concurrency=[1, 2])
-    proc = bench.start({**matrix, "run_id": run})
+    proc = bench.start({**matrix, **bench.standin(), "run_id": run})
     try:
-        ready = wait_for(lambda: next((e for e in bench.events(run) if e["event"] == "config_ready"
-                                       and e["config_id"] == "tp1-ngram-k2"), None), 400, "tp1-ngram-k2 ready")
-        # kill the engine once it has served the warmup and two timed requests: mid-config
-        wait_for(lambda: requests_served(ready["port"]) >= 3, 120, "timed requests")
-        os.killpg(ready["server_pid"], signal.SIGKILL)
-        out, _ = proc.communicate(timeout=600)
+        out, _ = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -94,6 +79,7 @@ def test_killed_crashing_and_unsupported_configs_are_recorded_and_the_suite_goes
                 pass
 
 
+@pytest.mark.engine  # the real engine's --help refuses the flag
 def test_failed_baseline_skips_the_rest_of_its_phase(bench: Bench) -> None:
     run = "it-baseline"
     matrix = reduced_matrix([{"method": "autoregressive", "server_args": ["--no-such-flag"]},

@@ -1,10 +1,10 @@
-"""The fault matrix against the real CPU engine: after each fault the suite went on, the right status
-and reason were recorded, and nothing was lost or left half-written.
+"""The fault matrix: after each fault the suite went on, the right status and reason were recorded, and nothing
+was lost or left half-written. These are specfleet's claims, so the stand-in engine (tests/standin) serves and
+injects the faults; tests/standin/test_contract.py keeps its answers equal to the real engine's.
 
-One suite run (`faults`) carries five faults in a row (HTTP errors and malformed chunks from a
-fault-injecting proxy in front of the real engine, a frozen server, GPU memory still held after a
-stop, an exit during startup, then a normal config); the others need their own settings (a short
-health deadline, a fixed port, a tiny filesystem)."""
+One suite run (`faults`) carries the faults in a row (HTTP errors and malformed chunks, a frozen server, GPU
+memory still held after a stop, an exit during startup, a normal config, usage that disagrees with the
+counters); the others need their own settings (a server never healthy, a fixed port, a tiny filesystem)."""
 from __future__ import annotations
 
 import http.client
@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from .conftest import ENGINE_PY, ROOT, Bench, reduced_matrix
-from .test_failures import requests_served, wait_for
+from .conftest import ROOT, Bench, reduced_matrix
+from .test_failures import wait_for
 from .test_security import listening
 
 CAPTURES = ROOT / "tests" / "fixtures" / "nvidia-h200"
@@ -76,22 +76,22 @@ def fake_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_http_errors_frozen_server_gpu_held_and_startup_exit_in_one_suite(bench: Bench, fake_gpu: Path) -> None:
+    """Each fault comes from the stand-in engine at a point the test sets (a token count, a startup that lasts
+    until the test kills it), never from a kill timed against an engine's speed."""
     run = "it-faults"
-    proxy_python = bench.tmp / "engine-python"
-    proxy_python.write_text(f"#!/bin/sh\nexec {ENGINE_PY} {ROOT / 'tests/faults/engine_proxy.py'} \"$@\"\n")
-    proxy_python.chmod(0o755)
     matrix = reduced_matrix([
         {"method": "autoregressive"},
         {"method": "ngram", "num_speculative_tokens": 2, "id": "http-faults",
-         "env": {"SPECFLEET_FAULTS": "http_error=3,malformed=4"}},
-        {"method": "ngram", "num_speculative_tokens": 3, "id": "frozen"},
+         "env": {"STANDIN_HTTP_FAULTS": "http_error=3,malformed=4"}},
+        {"method": "ngram", "num_speculative_tokens": 3, "id": "frozen",  # hangs after 2 or more timed requests
+         "env": {"STANDIN_FAULT": "hang", "STANDIN_FAULT_AFTER_TOKENS": str(32 + 4 * 32 + 10)}},
         {"method": "ngram", "num_speculative_tokens": 4, "id": "gpu-held"},
-        {"method": "ngram", "num_speculative_tokens": 5, "id": "startup-exit"},
+        {"method": "ngram", "num_speculative_tokens": 5, "id": "startup-exit", "env": {"STANDIN_STARTUP_S": "600"}},
         {"method": "ngram", "num_speculative_tokens": 6, "id": "after"},
         {"method": "ngram", "num_speculative_tokens": 2, "id": "counted-wrong",
-         "env": {"SPECFLEET_FAULTS": "alter_usage=2"}},
+         "env": {"STANDIN_HTTP_FAULTS": "alter_usage=2"}},
     ], workloads=["fib", "json"], max_tokens=[32], context_tokens=[0], concurrency=[1, 2])
-    extra = {**matrix, "run_id": run, "bench_repetitions": 3, "bench_engine_python": str(proxy_python),
+    extra = {**matrix, **bench.standin(), "run_id": run, "bench_repetitions": 3,
              "bench_timeouts": {"health_s": 400, "request_s": 12, "stop_s": 30, "release_s": 5}}
     marker = str(bench.tmp)
     holder = None
@@ -105,23 +105,23 @@ def test_http_errors_frozen_server_gpu_held_and_startup_exit_in_one_suite(bench:
             return next((e for e in bench.events(run) if e["event"] == "config_end"
                          and e["config_id"] == f"tp1-{cid}"), None)
 
-        # 2. freeze the engine mid-config (after the warmup and two timed requests)
-        frozen = wait_for(lambda: ready("frozen"), 600, "frozen ready")
+        # 2. the engine freezes mid-config (after the warmup and two timed requests)
+        frozen = wait_for(lambda: ready("frozen"), 120, "frozen ready")
+        log = bench.host_run(run) / "tp1-frozen" / "server.log"
+        wait_for(lambda: log.exists() and "hanging (injected SIGSTOP)" in log.read_text(), 60, "the freeze")
         assert listening(frozen["port"]) == {"127.0.0.1"}  # loopback only, by default
-        wait_for(lambda: requests_served(frozen["port"]) >= 3, 120, "timed requests")
-        os.killpg(frozen["server_pid"], signal.SIGSTOP)
         # 9. meanwhile a process keeps GPU memory (past this config's own release check)
         holder = subprocess.Popen(["sleep", "900"])
         fake_gpu.write_text(f"{holder.pid}\n")
         wait_for(lambda: ended("gpu-held"), 300, "gpu-held ended")
         holder.kill()
         holder.wait()
-        # 4. kill the next engine while it starts up
+        # 4. kill the next engine while it starts up (its startup lasts 600 s)
         pgid = wait_for(lambda: engine_group(marker, '"num_speculative_tokens":5'), 120, "startup-exit engine")
         assert ready("startup-exit") is None
         os.killpg(pgid, signal.SIGKILL)
         t_kill = time.time()
-        out, _ = proc.communicate(timeout=600)
+        out, _ = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -195,13 +195,13 @@ def test_http_errors_frozen_server_gpu_held_and_startup_exit_in_one_suite(bench:
 def test_never_healthy_is_a_health_timeout_with_the_log_tail(bench: Bench) -> None:
     run = "it-unhealthy"
     matrix = reduced_matrix([{"method": "autoregressive"}, {"method": "ngram", "num_speculative_tokens": 2}])
-    res = bench.run({**matrix, "run_id": run,
-                     "bench_timeouts": {"health_s": 15, "request_s": 60, "stop_s": 30, "release_s": 5}})
+    res = bench.run({**matrix, **bench.standin(STANDIN_HEALTHY="0"), "run_id": run,
+                     "bench_timeouts": {"health_s": 5, "request_s": 60, "stop_s": 30, "release_s": 5}})
     assert res.returncode == 2 and "0 ok, 1 failed, 1 skipped" in res.stdout, res.stdout[-3000:]
     st = statuses(bench.results / run / "local")
     base = st["tp1-autoregressive"]
     assert (base["status"], base["reason"]) == ("failed", "health_timeout"), base
-    assert "/health not 200 within 15 s" in base["detail"]
+    assert "/health not 200 within 5 s" in base["detail"]
     assert base["log_tail"].strip(), "the log tail of the server is recorded"
     assert (st["tp1-ngram-k2"]["status"], st["tp1-ngram-k2"]["reason"]) == ("skipped", "baseline_failed")
     no_engine_left(str(bench.tmp))
@@ -230,7 +230,7 @@ def test_port_taken_by_another_process_is_named_and_left_alone(bench: Bench) -> 
     threading.Thread(target=foreign.serve_forever, daemon=True).start()
     try:
         matrix = reduced_matrix([{"method": "autoregressive"}, {"method": "ngram", "num_speculative_tokens": 2}])
-        res = bench.run({**matrix, "run_id": run, "bench_port": port})
+        res = bench.run({**matrix, **bench.standin(), "run_id": run, "bench_port": port})
         assert res.returncode == 2 and "fails the run (bench_fail_on: none_ok)" in res.stdout, res.stdout[-3000:]
         st = statuses(bench.results / run / "local")
         base = st["tp1-autoregressive"]
@@ -270,16 +270,20 @@ def test_disk_full_while_writing_results_is_clear_and_resumable(bench: Bench) ->
     bench.host_dir.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "specfleet-test", str(bench.host_dir)], check=True)
     try:
-        matrix = reduced_matrix([{"method": "autoregressive"}, {"method": "ngram", "num_speculative_tokens": 2}])
-        extra = {**matrix, "run_id": run}
+        gate = bench.tmp / "gate"  # outside the tiny filesystem
+        matrix = reduced_matrix([{"method": "autoregressive"}, {"method": "ngram", "num_speculative_tokens": 2,
+                                 "env": {"STANDIN_FAULT": "gate", "STANDIN_GATE": str(gate),
+                                         "STANDIN_FAULT_AFTER_TOKENS": "40"}}])
+        extra = {**matrix, **bench.standin(), "run_id": run}
         proc = bench.start(extra)
         try:
-            wait_for(lambda: any(e["event"] == "config_ready" and e["config_id"] == "tp1-ngram-k2"
-                                 for e in bench.events(run)), 600, "second config ready")
             host = bench.host_run(run)
+            log = host / "tp1-ngram-k2" / "server.log"
+            wait_for(lambda: log.exists() and "gated until" in log.read_text(), 120, "second config measuring")
             before = (host / "tp1-autoregressive/status.json").read_bytes()
             filler = _fill(bench.host_dir)
-            out, _ = proc.communicate(timeout=600)
+            gate.touch()
+            out, _ = proc.communicate(timeout=300)
         finally:
             if proc.poll() is None:
                 proc.kill()

@@ -1,5 +1,6 @@
 """An engine that floods its log and leaves a process behind, and the play's exit status over the configs'
-statuses: real `ansible-playbook bench.yml -l local` runs with the real CPU engine behind a wrapper."""
+statuses: real `ansible-playbook bench.yml -l local` runs with the stand-in engine (tests/standin), which floods
+and starts the escaped helper when told to."""
 from __future__ import annotations
 
 import json
@@ -7,31 +8,10 @@ import os
 import re
 from pathlib import Path
 
-from .conftest import ENGINE_PY, Bench, reduced_matrix
+from .conftest import Bench, reduced_matrix
 
 FLOOD_MIB = 1536   # 1.5 GiB before the engine serves
 BOUND_MIB = 1      # bench_server_log_max_mib of the run
-
-
-def wrapper(tmp: Path) -> Path:
-    """An engine interpreter that, when it launches a server, first starts a helper that leaves the engine's
-    process group (`setsid`, as a daemonising helper does; it keeps the output pipe open) and writes
-    FLOOD_MIB MiB to its output; then it is the real engine."""
-    path = tmp / "engine-python"
-    path.write_text(f"""#!{ENGINE_PY}
-import os, subprocess, sys
-if "--port" in sys.argv:
-    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)  # escaped-helper"],
-                     start_new_session=True)
-    block = (b"x" * 1023 + b"\\n") * 1024
-    for _ in range({FLOOD_MIB}):
-        sys.stdout.buffer.write(block)
-    sys.stdout.buffer.write(b"FLOOD-END\\n")
-    sys.stdout.flush()
-os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
-""")
-    path.chmod(0o755)
-    return path
 
 
 def escaped_helpers() -> list[int]:
@@ -55,7 +35,7 @@ def test_log_flood_is_bounded_and_an_escaped_process_is_killed(bench: Bench) -> 
                              {"method": "ngram", "num_speculative_tokens": 2, "server_args": ["--no-such-flag"]}],
                             workloads=["fib"], max_tokens=[16], context_tokens=[0], concurrency=[1])
     extra = {**matrix, "run_id": run, "bench_repetitions": 1, "bench_server_log_max_mib": BOUND_MIB,
-             "bench_engine_python": str(wrapper(bench.tmp))}
+             **bench.standin(STANDIN_HELPER="1", STANDIN_LOG_FLOOD_MIB=str(FLOOD_MIB))}
     res = bench.run(extra, timeout=900)
     # one config ok, one failed: the default bench_fail_on (none_ok) passes the run
     assert res.returncode == 0, res.stdout[-4000:]

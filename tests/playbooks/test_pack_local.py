@@ -12,7 +12,7 @@ import pytest
 from .conftest import Bench, reduced_matrix
 
 CPUS = sorted(os.sched_getaffinity(0))
-pytestmark = pytest.mark.skipif(len(CPUS) < 2, reason="two CPU slots need two CPUs")
+pytestmark = [pytest.mark.skipif(len(CPUS) < 2, reason="two CPU slots need two CPUs"), pytest.mark.engine]
 
 
 def test_a_packed_suite_on_two_cpu_slots(bench: Bench) -> None:

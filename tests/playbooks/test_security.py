@@ -9,8 +9,12 @@ import json
 import secrets
 from pathlib import Path
 
+import pytest
+
 from .conftest import Bench, reduced_matrix
 from .test_failures import wait_for
+
+pytestmark = pytest.mark.engine  # the real engine's own API key and bind address
 
 
 def listening(port: int) -> set[str]:
