@@ -79,8 +79,8 @@ VLLM = Dialect(
     {f: None for f in ("--model", "--served-model-name", "--host", "--port", "--tensor-parallel-size", "--dtype",
                        "--max-model-len", "--speculative-config", "--max-num-seqs", "--gpu-memory-utilization",
                        "--seed", "--load-format", "--api-key")}
-    | {"--per-request-spec-decode-metrics": ("none", "summary", "full")},
-    ("--enforce-eager", "--disable-log-requests", "--enable-prefix-caching", "--no-enable-prefix-caching",
+    | {"--per-request-spec-decode-metrics": ("none", "summary", "detailed")},
+    ("--enforce-eager", "--enable-prefix-caching", "--no-enable-prefix-caching",
      "--trust-remote-code"))
 SGLANG = Dialect(
     "sglang", "0.5.15", "launch_server.py", "--model-path", ("/health", "/health_generate"), "/generate",
@@ -389,7 +389,8 @@ def handler(e: Engine) -> type:
                 if text is None and body.get("messages"):
                     text = " ".join(f"<|{m['role']}|> {m['content']}" for m in body["messages"]) + " <|assistant|>"
                 ids = tokenize(str(text or ""), body.get("add_special_tokens", True))
-                return self.reply(200, {"tokens": ids, "count": len(ids), "max_model_len": 4096})
+                answer = {"count": len(ids), "max_model_len": 4096, "tokens": ids}
+                return self.reply(200, {**answer, "token_strs": None} if d is VLLM else answer)
             if self.path != d.generate:
                 return self.reply(404, {"detail": "Not Found"})
             fault = e.faults.next_request()
@@ -421,12 +422,12 @@ def handler(e: Engine) -> type:
             done, plan = 0, steps(n, e.accept if e.spec else 1.0)
             for i, k in enumerate(plan):
                 time.sleep(e.step_s)
-                choice = {"index": 0, "text": " tok" * k, "logprobs": None,
-                          "finish_reason": "length" if done + k == n else None, "stop_reason": None,
-                          "token_ids": [100 + (done + j) % 900 for j in range(k)]}
+                choice: Dict[str, Any] = {"index": 0, "text": " tok" * k, "logprobs": None,
+                                          "finish_reason": "length" if done + k == n else None, "stop_reason": None}
                 if body.get("return_token_ids"):
                     choice["prompt_token_ids"] = ids if i == 0 else None
-                self.event({**base, "choices": [choice], "usage": None}, cut=fault == "malformed" and i == 1)
+                choice["token_ids"] = [100 + (done + j) % 900 for j in range(k)]
+                self.event({**base, "choices": [choice]}, cut=fault == "malformed" and i == 1)
                 done += k
                 e.faults.streamed(k)
             verify = len(plan) - 1
@@ -434,15 +435,19 @@ def handler(e: Engine) -> type:
             if usage_wanted:
                 told = n + (fault == "alter_usage")
                 last: Dict[str, Any] = {**base, "choices": [], "usage": {
-                    "prompt_tokens": len(ids), "total_tokens": len(ids) + told, "completion_tokens": told,
-                    "prompt_tokens_details": None}}
+                    "prompt_tokens": len(ids), "total_tokens": len(ids) + told, "completion_tokens": told},
+                    "system_fingerprint": f"standin-{d.version}"}
                 if e.spec and e.spec_summary:
                     accepted = max(0, n - 1 - verify)
+                    histogram = [0] * (e.k + 1)  # verify steps by the drafts they accepted
+                    for k in plan[1:]:
+                        histogram[min(k - 1, e.k)] += 1
                     last["metrics"] = {"speculative_decoding": {
                         "mean_acceptance_length": 1 + accepted / verify if verify else 1.0,
                         "draft_acceptance_rate": accepted / (verify * e.k) if verify else 0.0,
-                        "num_spec_steps": verify, "num_draft_tokens": verify * e.k,
-                        "num_accepted_draft_tokens": accepted}}
+                        "acceptance_histogram": histogram, "num_spec_steps": verify,
+                        "num_accepted_draft_tokens": accepted, "num_draft_tokens": verify * e.k,
+                        "num_spec_tokens": e.k}}
                 self.event(last)
             self.event(b"[DONE]")
 
