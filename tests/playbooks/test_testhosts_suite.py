@@ -1,5 +1,9 @@
 """The suite on two real hosts (systemd-nspawn machines with systemd and SSH) at once: systemd units,
-results pulled per host, a controller killed mid-config, and nothing left running afterwards."""
+results pulled per host, a controller killed mid-config, and nothing left running afterwards.
+
+The first suite runs the real engine the hosts installed, under the hardened unit. The kill, unreachable and
+refusal cases are the controller's claims: their suites run the stand-in engine (tests/standin), copied into each
+host, under the same unit."""
 from __future__ import annotations
 
 import json
@@ -17,7 +21,9 @@ import pytest
 
 from tests import playbook
 from tests.hosts.testhosts import TestHosts
+from tests.hosts.testhosts import run as run_command
 from tests.readme import typed
+from tests.standin import ENGINE
 
 from .conftest import ROOT, Bench
 
@@ -50,6 +56,21 @@ def cells(results: Path, run: str) -> set[tuple[Any, ...]]:
 def host_events(th: TestHosts, host: str, run: str) -> list[dict[str, Any]]:
     out = th.ssh(host, f"cat /var/lib/specfleet/results/{run}/{host}/events.jsonl", check=False).stdout
     return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+STANDIN_DIR = "/opt/specfleet/standin"
+
+
+@pytest.fixture(scope="module")
+def standin(testhosts: TestHosts) -> dict[str, str]:
+    """The stand-in engine in both hosts, as an engine Python the service user runs (its decode paced so that a
+    suite lasts a few seconds); the extra vars that make it every server."""
+    wrapper = f"#!/bin/sh\nexport STANDIN_STEP_S=0.02\nexec /usr/bin/python3 {STANDIN_DIR}/engine.py \"$@\"\n"
+    for host in HOSTS:
+        for name, text, mode in (("engine.py", ENGINE.read_text(), "644"), ("python", wrapper, "755")):
+            run_command(testhosts.ssh_command(host, f"mkdir -p {STANDIN_DIR} && cat > {STANDIN_DIR}/{name} && "
+                                            f"chmod {mode} {STANDIN_DIR}/{name}"), input_text=text)
+    return {"bench_engine_python": f"{STANDIN_DIR}/python"}
 
 
 @pytest.fixture(scope="module")
@@ -113,10 +134,10 @@ def test_collector_pull_fetches_a_run(two_host_run: tuple[Bench, str, str]) -> N
 
 
 def test_controller_killed_mid_config_then_rerun(two_host_run: tuple[Bench, str, str], testhosts: TestHosts,
-                                                tmp_path: Path) -> None:
+                                                standin: dict[str, str], tmp_path: Path) -> None:
     run = "it-detached"
     bench = Bench(tmp_path)
-    proc = playbook.start(bench.args({"run_id": run}, limit="testhosts"), new_session=True)
+    proc = playbook.start(bench.args({"run_id": run, **standin}, limit="testhosts"), new_session=True)
     try:
         end = time.monotonic() + 600
         while not any(e["event"] == "config_ready" for e in host_events(testhosts, "th1", run)):
@@ -129,7 +150,7 @@ def test_controller_killed_mid_config_then_rerun(two_host_run: tuple[Bench, str,
             os.killpg(proc.pid, signal.SIGKILL)
     # the suite goes on on the hosts without the controller
     assert any(e["event"] == "config_start" for e in host_events(testhosts, "th2", run))
-    res = bench.run({"run_id": run}, limit="testhosts", timeout=1200)
+    res = bench.run({"run_id": run, **standin}, limit="testhosts", timeout=1200)
     assert res.returncode == 0, res.stdout[-5000:]
     for host in HOSTS:
         started = Counter(e["config_id"] for e in host_events(testhosts, host, run) if e["event"] == "config_start")
@@ -140,12 +161,13 @@ def test_controller_killed_mid_config_then_rerun(two_host_run: tuple[Bench, str,
     assert_clean(testhosts)
 
 
-def test_model_unreadable_by_the_service_user_is_refused_before_start(testhosts: TestHosts, tmp_path: Path) -> None:
+def test_model_unreadable_by_the_service_user_is_refused_before_start(testhosts: TestHosts, standin: dict[str, str],
+                                                                    tmp_path: Path) -> None:
     weights = ROOT / ".cache/models/target/model.safetensors"
     mode = weights.stat().st_mode & 0o777
     weights.chmod(0o600)  # as some tools write weights: readable by root only
     try:
-        res = Bench(tmp_path).run({"run_id": "it-unreadable"}, limit="testhosts", timeout=600)
+        res = Bench(tmp_path).run({"run_id": "it-unreadable", **standin}, limit="testhosts", timeout=600)
     finally:
         weights.chmod(mode)
     assert res.returncode != 0
@@ -156,7 +178,7 @@ def test_model_unreadable_by_the_service_user_is_refused_before_start(testhosts:
 
 
 def test_one_host_unreachable_mid_suite_the_other_completes(two_host_run: tuple[Bench, str, str],
-                                                           testhosts: TestHosts,
+                                                           testhosts: TestHosts, standin: dict[str, str],
                                                            tmp_path: Path) -> None:
     """th2's link goes down while its suite runs: th1 completes and is reported, th2 is reported unreachable;
     once th2 is back, a re-run with the same run id picks up what th2 did meanwhile and completes it."""
@@ -165,7 +187,7 @@ def test_one_host_unreachable_mid_suite_the_other_completes(two_host_run: tuple[
     env = {"ANSIBLE_SSH_ARGS": "-o ControlMaster=auto -o ControlPersist=300s "
                                "-o ServerAliveInterval=3 -o ServerAliveCountMax=2"}
     veth = testhosts.netns("th2")  # th2's end of the bridge
-    proc = playbook.start(bench.args({"run_id": run}, limit="testhosts"), env=env, new_session=True)
+    proc = playbook.start(bench.args({"run_id": run, **standin}, limit="testhosts"), env=env, new_session=True)
     try:
         end = time.monotonic() + 600
         while not any(e["event"] == "config_start" for e in host_events(testhosts, "th2", run)):
@@ -184,7 +206,7 @@ def test_one_host_unreachable_mid_suite_the_other_completes(two_host_run: tuple[
     assert {h for h, _ in first} == {"th1"} and all(s["status"] == "ok" for s in first.values())
     assert (bench.results / run / "report.csv").exists()  # th1's table, made without th2
 
-    res = bench.run({"run_id": run}, limit="th2", timeout=1200)  # th2 is back: resume it
+    res = bench.run({"run_id": run, **standin}, limit="th2", timeout=1200)  # th2 is back: resume it
     assert res.returncode == 0, res.stdout[-5000:]
     started = Counter(e["config_id"] for e in host_events(testhosts, "th2", run) if e["event"] == "config_start")
     assert started == {"tp1-autoregressive": 1, "tp1-ngram-k2": 1}, started  # its suite went on, nothing twice
