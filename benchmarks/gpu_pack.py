@@ -1,5 +1,5 @@
 """Packing on a real NVIDIA host: the agent's packed Suite run with one GPU slot per GPU, the stand-in engine
-(tests/gpu/standin_server.py, not an inference engine) as every config's server, and what each server saw.
+(tests/standin/engine.py, not an inference engine) as every config's server, and what each server saw.
 
 Per config it prints the slot, its GPUs and neighbours, ready_s and wall_s from status.json; the stand-in's own
 report (torch.cuda.device_count(), each visible device's UUID, CUDA_VISIBLE_DEVICES) against nvidia-smi's UUID for
@@ -47,7 +47,7 @@ from agent.suite import Suite
 from controller import matrix
 
 ROOT = Path(__file__).resolve().parents[1]
-STANDIN = ROOT / "tests" / "gpu" / "standin_server.py"
+STANDIN = ROOT / "tests" / "standin" / "engine.py"
 HOST = "gpu-pack"
 TOLERANCE_MIB = agent_gpu.RELEASE_TOLERANCE_MIB  # what the agent's release check allows above idle
 SAMPLE_MS = 200
@@ -151,7 +151,8 @@ def write_engine_python(folder: Path, hold_mib: int, release_delay_s: float, rec
     opts = ["--hold-mib", str(hold_mib), "--release-delay", str(release_delay_s), "--record", str(record)]
     # the agent gives its servers a clean environment: a PYTHONPATH that torch came from is kept here
     keep = f"export PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])}\n" if os.environ.get("PYTHONPATH") else ""
-    path.write_text(f"#!/bin/sh\n{keep}exec {shlex.join([sys.executable, str(STANDIN), *opts])} \"$@\"\n")
+    path.write_text(f"#!/bin/sh\n{keep}export STANDIN_MODEL_CHECK=0\n"
+                    f"exec {shlex.join([sys.executable, str(STANDIN), *opts])} \"$@\"\n")
     path.chmod(0o755)
     return str(path)
 

@@ -1,5 +1,5 @@
 """On a real NVIDIA host only (skipped elsewhere): a packed suite with one GPU slot per GPU, run by the agent for
-real with the stand-in engine (tests/gpu/standin_server.py, not an inference engine) as every server.
+real with the stand-in engine (tests/standin/engine.py, not an inference engine) as every server.
 
 Each server must see exactly its slot's GPU (device_count, CUDA_VISIBLE_DEVICES, the UUID nvidia-smi gives that
 index), its memory must show on that GPU while it runs and on no GPU while nothing holds it, and the release

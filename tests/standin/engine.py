@@ -42,6 +42,7 @@ Knobs, from the environment (a config's `env` reaches it) or, for the GPU ones, 
     STANDIN_STOP_S         seconds between SIGTERM and exit (a slow shutdown)
     STANDIN_ECHO_ENV=1     log the environment's token and key variables, as careless engines do
     STANDIN_VERSION        the version the fingerprint probe reports (default: the pinned one of the dialect)
+    STANDIN_MODEL_CHECK=0  take any model path (benchmarks/gpu_pack.py serves no model folder)
     --hold-mib / STANDIN_HOLD_MIB, --release-delay / STANDIN_RELEASE_DELAY_S, --record / STANDIN_RECORD:
                            GPU memory to take on cuda:0, kept S seconds by a holder after SIGTERM; a JSON line
                            per event (tests/gpu and benchmarks/gpu_pack.py; no torch import without them)
@@ -141,7 +142,7 @@ def fail_usage(d: Dialect, message: str) -> None:
 
 
 def check_model(path: str) -> None:
-    if not os.path.isfile(os.path.join(path, "config.json")):
+    if os.environ.get("STANDIN_MODEL_CHECK") != "0" and not os.path.isfile(os.path.join(path, "config.json")):
         print(f"ValueError: Invalid repository ID or local directory specified: '{path}'.", file=sys.stderr,
               flush=True)
         sys.exit(1)
