@@ -1,18 +1,16 @@
 """One config on this host, step by step: its digest, the engine's flags read from a real `--help`, the
-preflight, the results folder and its records, and `serve` against a real HTTP server (a fake vLLM
-written below, run as the engine's Python: it answers `--help`, the fingerprint's probes, `/health`,
-`/tokenize` and the streamed `/v1/completions` in vLLM's format).
-
-The stand-in is here for what the real CPU engine cannot do on demand in seconds: die at startup with a chosen
-message (an out-of-memory line, an unknown flag), print planted secrets, answer for a unit test. The same steps
-with the real vLLM engine run in tests/playbooks (the demo, the fault matrix, the hardening cases)."""
+preflight, the results folder and its records, and `serve` against a real HTTP server: the stand-in engine
+(tests/standin, its vLLM dialect kept equal to the real engine's by tests/standin/test_contract.py), run as the
+engine's Python. It answers `--help`, the fingerprint's probes, `/health`, `/tokenize` and the streamed
+`/v1/completions`, and does on demand in a second what the real CPU engine cannot: die at startup with a chosen
+message (an out-of-memory line, an unknown flag), print planted secrets. The real engine runs the same steps in
+tests/playbooks (the demo, the security checks)."""
 from __future__ import annotations
 
 import copy
 import json
 import os
 import socket
-import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -39,6 +37,8 @@ from agent.records import Event, Outcome
 from agent.server import port_in_use
 from agent.store import REDACTED, HostStore, now_iso, read_json
 from controller import matrix
+from tests.standin import write_python
+from tests.standin.engine import VLLM as STANDIN_VLLM
 
 DATA = Path(__file__).parent / "data"
 VLLM = ENGINES["vllm"]
@@ -48,108 +48,10 @@ API_KEY = "sk-TESTSECRET-a1b2c3d4e5f60718"
 SECRETS = (HF_TOKEN, API_KEY)
 HOST = "gpu-test-1"
 INVOCATION = "inv-test"
-# Every flag the rendered vLLM commands of `suite()` use.
-FLAGS = ("--help", "--model", "--served-model-name", "--host", "--port", "--tensor-parallel-size",
-         "--speculative-config", "--per-request-spec-decode-metrics")
+# Every flag the stand-in's vLLM dialect names in its --help (the rendered commands of `suite()` use some of them).
+FLAGS = ("--help", *STANDIN_VLLM.flags, *STANDIN_VLLM.switches)
 CONTEXT = 48
 MAX_TOKENS = 8
-
-# The fake engine. The header written before it sets VERSION, HELP, HELP_RC, CRASH and CRASH_PLAIN_AFTER_S (only
-# a server without a speculative config crashes, that many seconds after its start: a baseline that fails late).
-ENGINE_BODY = r'''
-import http.server, json, os, sys, time
-
-argv = sys.argv[1:]
-if argv[:1] == ["-c"]:  # the fingerprint's probes: the engine distribution's version, the Python version
-    if "importlib.metadata" in argv[1]:
-        print("vllm", VERSION, "-")
-    else:
-        exec(argv[1])
-    sys.exit(0)
-if "--help" in argv:
-    sys.stdout.write(HELP)
-    sys.exit(HELP_RC)
-
-
-def opt(name, default=None):
-    return argv[argv.index(name) + 1] if name in argv else default
-
-
-port = int(opt("--port"))
-key = os.environ.get("VLLM_API_KEY", "")
-print("fake-vllm starting:", " ".join(argv), flush=True)
-# engines log what they were given: the agent must scrub it from server.log
-print("fake-vllm secrets:", {k: v for k, v in os.environ.items() if "TOKEN" in k or "KEY" in k}, flush=True)
-spec = "--speculative-config" in argv
-if CRASH and (CRASH_PLAIN_AFTER_S is None or not spec):
-    time.sleep(0.3 if CRASH_PLAIN_AFTER_S is None else CRASH_PLAIN_AFTER_S)  # an engine's startup before it fails
-    print(CRASH, file=sys.stderr, flush=True)
-    sys.exit(1)
-
-
-def tokenize(text, special=True):
-    return [0] * bool(special) + [1 + sum(map(ord, w)) % 997 for w in text.split()]
-
-
-class Handler(http.server.BaseHTTPRequestHandler):
-    def reply(self, code, obj):
-        data = json.dumps(obj).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def send_event(self, data):
-        self.wfile.write(b"data: " + data + b"\n\n")
-        self.wfile.flush()
-
-    def do_GET(self):
-        if self.path == "/health":
-            self.reply(200, {})
-        else:
-            self.reply(404, {"error": "not found"})
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-        if key and self.headers.get("Authorization") != "Bearer " + key:
-            return self.reply(401, {"error": "Unauthorized"})
-        if self.path == "/tokenize":
-            ids = tokenize(body["prompt"], body.get("add_special_tokens", True))
-            return self.reply(200, {"tokens": ids, "count": len(ids), "max_model_len": 4096})
-        if self.path != "/v1/completions":
-            return self.reply(404, {"error": "not found"})
-        prompt, n = body["prompt"], body["max_tokens"]
-        ids = prompt if isinstance(prompt, list) else tokenize(prompt)
-        print("fake-vllm completion: prompt_tokens", len(ids), "max_tokens", n, "at", time.time(), flush=True)
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.end_headers()
-        base = {"id": "cmpl-fake", "object": "text_completion", "created": int(time.time()), "model": body["model"]}
-        done = 0
-        while done < n:
-            k = min(2 if spec and done else 1, n - done)  # speculation: several tokens in one chunk
-            time.sleep(0.002)
-            choice = {"index": 0, "text": " tok" * k, "logprobs": None,
-                      "finish_reason": "length" if done + k == n else None, "stop_reason": None,
-                      "prompt_token_ids": None if done else ids, "token_ids": list(range(100 + done, 100 + done + k))}
-            self.send_event(json.dumps({**base, "choices": [choice]}).encode())
-            done += k
-        last = {**base, "choices": [],
-                "usage": {"prompt_tokens": len(ids), "total_tokens": len(ids) + n, "completion_tokens": n}}
-        if spec:
-            last["metrics"] = {"speculative_decoding": {"mean_acceptance_length": 2.0}}
-        self.send_event(json.dumps(last).encode())
-        self.send_event(b"[DONE]")
-
-    def log_message(self, fmt, *args):
-        print("fake-vllm request:", fmt % args, flush=True)
-
-
-server = http.server.ThreadingHTTPServer((opt("--host", "127.0.0.1"), port), Handler)
-print("fake-vllm listening on port", port, flush=True)
-server.serve_forever()
-'''
 
 
 def help_text(flags: Sequence[str]) -> str:
@@ -160,14 +62,21 @@ def help_text(flags: Sequence[str]) -> str:
 
 def write_engine(folder: Path, flags: Sequence[str] = FLAGS, help_out: Optional[str] = None, help_rc: int = 0,
                  crash: str = "", crash_plain_after_s: Optional[float] = None) -> str:
-    """An executable standing in for the engine's Python (see ENGINE_BODY); its path."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "fake-vllm-python"
-    header = (f"#!{sys.executable}\nVERSION = {ENGINE_VERSION!r}\nHELP = {help_out or help_text(flags)!r}\n"
-              f"HELP_RC = {help_rc!r}\nCRASH = {crash!r}\nCRASH_PLAIN_AFTER_S = {crash_plain_after_s!r}\n")
-    path.write_text(header + ENGINE_BODY)
-    path.chmod(0o755)
-    return str(path)
+    """The stand-in engine (tests/standin) as the engine's Python, its path: version ENGINE_VERSION, any model
+    path taken, the environment's secrets echoed into its log (the agent must scrub them); `flags`: what its
+    --help names (the others refused), or `help_out` and `help_rc` instead; `crash`: this message and exit 1 at
+    the end of a 0.3 s startup, or `crash_plain_after_s` seconds into it and only for a server without a
+    speculative config (a baseline that fails late)."""
+    env = {"STANDIN_VERSION": ENGINE_VERSION, "STANDIN_MODEL_CHECK": "0", "STANDIN_ECHO_ENV": "1",
+           "STANDIN_STARTUP_S": "0", "STANDIN_HELP_DROP": ",".join(sorted(set(FLAGS) - set(flags)))}
+    if help_out is not None:
+        env.update(STANDIN_HELP_TEXT=help_out, STANDIN_HELP_RC=str(help_rc))
+    if crash:
+        env.update(STANDIN_STARTUP_EXIT="1", STANDIN_STARTUP_MESSAGE=crash,
+                   STANDIN_STARTUP_EXIT_AFTER_S=str(0.3 if crash_plain_after_s is None else crash_plain_after_s))
+        if crash_plain_after_s is not None:
+            env["STANDIN_STARTUP_EXIT_IF"] = "plain"
+    return str(write_python(folder, env))
 
 
 def suite(python: str, **over: Any) -> Dict[str, Any]:
@@ -582,7 +491,8 @@ def test_serve_measures_every_request_of_every_repetition(tmp_path: Path) -> Non
     for r in res.rows:
         assert records.request_problem(r, cfg["config_id"]) is None, r
         assert r["ok"] and r["completion_tokens"] == MAX_TOKENS and r["finish_reason"] == "length"
-        assert r["accept_length"] == 2.0 and r["method_params"] == {"num_speculative_tokens": 3}
+        # 8 tokens: the first from prefill, then verify steps of 2, 2, 2 and 1: 3 drafts accepted in 4 steps
+        assert r["accept_length"] == 1.75 and r["method_params"] == {"num_speculative_tokens": 3}
         assert r["prompt_tokens"] == (CONTEXT if r["context_tokens"] else len(cfg["prompts"]["fib"].split()) + 1)
     # rep 0 of every cell before rep 1 of any
     reps = [r["rep"] for r in res.rows]
@@ -595,9 +505,9 @@ def test_serve_measures_every_request_of_every_repetition(tmp_path: Path) -> Non
     assert ready["port"] == port and ready["config_id"] == cfg["config_id"] and ready["invocation"] == INVOCATION
     assert gone(ready["server_pid"]) and not port_in_use(port)
     log = (folder / "server.log").read_text()
-    assert f"fake-vllm listening on port {port}" in log
-    assert log.count("fake-vllm completion:") == cfg["requests"] + 1  # and the warmup
-    assert "POST /tokenize" in log and f"completion: prompt_tokens {CONTEXT}" in log
+    assert f"[standin] listening on port {port}" in log
+    assert log.count("[standin] generate:") == cfg["requests"] + 1  # and the warmup
+    assert "POST /tokenize" in log and f"generate: prompt_tokens {CONTEXT}" in log
     assert REDACTED in log
     assert_no_secrets(folder, res.log_tail)
 

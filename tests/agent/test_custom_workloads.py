@@ -1,7 +1,7 @@
 """Workloads of a `bench_workloads_file` measured end to end: the plan carries them in the configs, and the agent
 sends plain prompts as text and chat messages through the server's `/tokenize` (its chat template) before timing
-them, at their own length or padded to a context length. Against the fake engine of test_config, here with a chat
-template: `/tokenize` given messages renders them as `<|role|> content` and, asked for it, `<|assistant|>`."""
+them, at their own length or padded to a context length. Against the stand-in engine of test_config, whose chat
+template renders `/tokenize`'s messages as `<|role|> content` and, asked for it, `<|assistant|>`."""
 from __future__ import annotations
 
 import json
@@ -12,34 +12,16 @@ from agent.config import Host, run_config
 from agent.engines import ENGINES
 from agent.store import HostStore
 from controller import matrix
-from tests.agent.test_config import CONTEXT, ENGINE_BODY, INVOCATION, assert_contract, suite, write_engine
+from tests.agent.test_config import CONTEXT, INVOCATION, assert_contract, suite, write_engine
+from tests.standin.engine import NO_TEMPLATE
 
 CHAT = [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "Capital of France?"}]
 PLAIN = "List the planets of the solar system in order."
 OUT = 6
-NO_TEMPLATE = ("As of transformers v4.44, default chat template is no longer allowed, so you must provide a chat "
-               "template if the tokenizer does not define one.")
-
-TOKENIZE = '''        if self.path == "/tokenize":
-'''
-CHAT_TOKENIZE = '''        if self.path == "/tokenize" and "messages" in body:
-            if os.environ.get("FAKE_CHAT_TEMPLATE") == "none":
-                return self.reply(400, {"error": {"message": NO_TEMPLATE, "type": "BadRequestError"}})
-            text = " ".join("<|%s|> %s" % (m["role"], m["content"]) for m in body["messages"])
-            text += " <|assistant|>" * bool(body.get("add_generation_prompt"))
-            print("fake-vllm chat template:", text, flush=True)
-            ids = tokenize(text, False)
-            return self.reply(200, {"tokens": ids, "count": len(ids), "max_model_len": 4096})
-'''
-
 
 def chat_engine(folder: Path) -> str:
-    """test_config's fake engine whose /tokenize also takes chat messages."""
-    assert ENGINE_BODY.count(TOKENIZE) == 1
-    path = Path(write_engine(folder))
-    head, _ = path.read_text().split(ENGINE_BODY)
-    path.write_text(head + f"NO_TEMPLATE = {NO_TEMPLATE!r}\n" + ENGINE_BODY.replace(TOKENIZE, CHAT_TOKENIZE + TOKENIZE))
-    return str(path)
+    """test_config's engine (the stand-in, whose /tokenize also takes chat messages)."""
+    return write_engine(folder)
 
 
 def chat_tokens(messages: List[Dict[str, str]]) -> int:
@@ -72,11 +54,11 @@ def test_plain_and_chat_workloads_of_the_file_are_measured(tmp_path: Path) -> No
     assert all(r["ok"] and r["completion_tokens"] == OUT for r in rows)
     log = (folder / "server.log").read_text()
     # the server's chat template made the prompt, with the generation prompt
-    assert ("fake-vllm chat template: <|system|> Answer in one word. <|user|> Capital of France? <|assistant|>"
+    assert ("[standin] chat template: <|system|> Answer in one word. <|user|> Capital of France? <|assistant|>"
             in log)
 
 
 def test_chat_messages_on_a_model_without_a_chat_template_fail_the_config_before_timing(tmp_path: Path) -> None:
-    _, cfg, status = run(tmp_path, chat_engine(tmp_path / "engine"), {"FAKE_CHAT_TEMPLATE": "none"})
+    _, cfg, status = run(tmp_path, chat_engine(tmp_path / "engine"), {"STANDIN_CHAT_TEMPLATE": "none"})
     assert status["status"] == "failed" and status["requests"] == 0
     assert "POST /tokenize: HTTP 400" in status["detail"] and NO_TEMPLATE in status["detail"]

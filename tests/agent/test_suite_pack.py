@@ -89,9 +89,9 @@ def test_a_packed_phase_runs_its_baseline_alone_then_two_at_a_time_each_on_its_c
 
 
 def requests_at(log: Path) -> List[float]:
-    """When the fake engine received each completion request (warmup included), epoch seconds."""
+    """When the stand-in engine received each completion request (warmup included), epoch seconds."""
     return [float(line.rsplit(" at ", 1)[1]) for line in log.read_text().splitlines()
-            if line.startswith("fake-vllm completion:")]
+            if line.startswith("[standin] generate:")]
 
 
 def test_without_the_pack_check_the_others_start_beside_the_baseline_and_wait_for_its_warmup(tmp_path: Path) -> None:

@@ -21,13 +21,21 @@ What it serves, per dialect:
 - SGLang: GET /health, /health_generate, /metrics with --enable-metrics (`sglang:*`), POST /tokenize, streamed
   POST /generate with cumulative `text`/`output_ids` and `meta_info` (prompt_tokens, completion_tokens,
   cached_tokens, finish_reason, and spec_verify_ct / spec_accept_length when speculating). The key is --api-key.
+- Both: /tokenize takes `prompt`, or chat `messages` rendered `<|role|> content` (and `<|assistant|>` with
+  add_generation_prompt). Its log has a line per generation request (`[standin] generate: prompt_tokens N
+  max_tokens M at <epoch s>`), the port it listens on, and the chat templates it rendered.
 Unknown flags fail as argparse does (`error: unrecognized arguments:`, exit 2); a model path without a
 config.json fails as a missing local model does.
 
 Knobs, from the environment (a config's `env` reaches it) or, for the GPU ones, also as options before `-m`:
     STANDIN_STARTUP_S      seconds of "loading" before it listens (default 0.1)
     STANDIN_HEALTHY=0      never healthy: the health paths answer 503 for ever
-    STANDIN_STARTUP_EXIT   exit with this status at the end of the startup, after STANDIN_STARTUP_MESSAGE
+    STANDIN_STARTUP_EXIT   exit with this status at the end of the startup, STANDIN_STARTUP_EXIT_AFTER_S later,
+                           after STANDIN_STARTUP_MESSAGE; with STANDIN_STARTUP_EXIT_IF=plain only a server without
+                           speculation does (a baseline that fails while the others start)
+    STANDIN_HELP_DROP      flags (comma-separated) left out of --help and refused: an older engine
+    STANDIN_HELP_TEXT, STANDIN_HELP_RC: --help prints this instead, and exits with this status
+    STANDIN_CHAT_TEMPLATE=none: /tokenize refuses chat messages as a model without a chat template does
     STANDIN_STEP_S         seconds per decoding step (default 0.002); STANDIN_ACCEPT: tokens per verify step when
                            speculating (default 2.0; a fraction is kept exactly over a request)
     STANDIN_FAULT          crash | exit0 | hang | sigkill | gate, done once STANDIN_FAULT_AFTER_TOKENS tokens have
@@ -59,6 +67,8 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+NO_TEMPLATE = ("As of transformers v4.44, default chat template is no longer allowed, so you must provide a chat "
+               "template if the tokenizer does not define one.")
 MARK = "SPECFLEET_CONFIG"  # the agent's mark (agent.sweep.MARK); the holder leaves it out of its environment
 MIB = 1 << 20
 OWN = {"--hold-mib": "STANDIN_HOLD_MIB", "--release-delay": "STANDIN_RELEASE_DELAY_S", "--record": "STANDIN_RECORD"}
@@ -100,13 +110,22 @@ def env_float(name: str, default: float) -> float:
     return float(raw) if raw.strip() else default
 
 
+def dropped() -> set:
+    """Flags left out of --help and refused (STANDIN_HELP_DROP): an older engine without them."""
+    return {f for f in os.environ.get("STANDIN_HELP_DROP", "").split(",") if f}
+
+
 def help_text(d: Dialect) -> str:
+    if "STANDIN_HELP_TEXT" in os.environ:
+        return os.environ["STANDIN_HELP_TEXT"]
     lines = [f"usage: {d.prog} [-h] [options]", "", "options:",
              "  -h, --help            show this help message and exit"]
     for flag, choices in d.flags.items():
+        if flag in dropped():
+            continue
         meta = "{" + ",".join(choices) + "}" if choices else flag[2:].upper().replace("-", "_")
         lines.append(f"  {flag} {meta}")
-    lines += [f"  {flag}" for flag in d.switches]
+    lines += [f"  {flag}" for flag in d.switches if flag not in dropped()]
     return "\n".join(lines) + "\n"
 
 
@@ -117,7 +136,9 @@ def parse_args(d: Dialect, argv: List[str]) -> Dict[str, str]:
     i = 0
     while i < len(argv):
         name, eq, value = argv[i].partition("=")
-        if name in d.switches:
+        if name in dropped():
+            unknown.append(argv[i])
+        elif name in d.switches:
             args[name] = "true"
         elif name in d.flags:
             if not eq:
@@ -386,10 +407,15 @@ def handler(e: Engine) -> type:
             if not self.authorized():
                 return
             if self.path == "/tokenize":
-                text = body.get("prompt")
-                if text is None and body.get("messages"):
-                    text = " ".join(f"<|{m['role']}|> {m['content']}" for m in body["messages"]) + " <|assistant|>"
-                ids = tokenize(str(text or ""), body.get("add_special_tokens", True))
+                if "messages" in body:
+                    if os.environ.get("STANDIN_CHAT_TEMPLATE") == "none":
+                        return self.reply(400, {"error": {"message": NO_TEMPLATE, "type": "BadRequestError"}})
+                    text = " ".join(f"<|{m['role']}|> {m['content']}" for m in body["messages"])
+                    text += " <|assistant|>" * bool(body.get("add_generation_prompt"))
+                    print(f"[standin] chat template: {text}", flush=True)
+                    ids = tokenize(text, False)
+                else:
+                    ids = tokenize(str(body.get("prompt") or ""), body.get("add_special_tokens", True))
                 answer = {"count": len(ids), "max_model_len": 4096, "tokens": ids}
                 return self.reply(200, {**answer, "token_strs": None} if d is VLLM else answer)
             if self.path != d.generate:
@@ -416,6 +442,7 @@ def handler(e: Engine) -> type:
         def stream_vllm(self, body: Dict[str, Any], fault: Optional[str]) -> None:
             prompt, n = body["prompt"], int(body["max_tokens"])
             ids = prompt if isinstance(prompt, list) else tokenize(prompt)
+            said(len(ids), n)
             usage_wanted = bool((body.get("stream_options") or {}).get("include_usage"))
             self.start_stream()
             base = {"id": f"cmpl-standin-{e.faults.requests}", "object": "text_completion",
@@ -456,6 +483,7 @@ def handler(e: Engine) -> type:
             sp = body.get("sampling_params") or {}
             n = int(sp.get("max_new_tokens", 128))
             ids = body["input_ids"] if "input_ids" in body else tokenize(body.get("text", ""))
+            said(len(ids), n)
             self.start_stream()
             done, plan, out_ids = 0, steps(n, e.accept if e.spec else 1.0), []
             for i, k in enumerate(plan):
@@ -484,6 +512,10 @@ def handler(e: Engine) -> type:
     return Handler
 
 
+def said(prompt_tokens: int, max_tokens: int) -> None:
+    print(f"[standin] generate: prompt_tokens {prompt_tokens} max_tokens {max_tokens} at {time.time()}", flush=True)
+
+
 REPORT: Dict[str, Any] = {}
 
 
@@ -501,11 +533,13 @@ def launched() -> None:
         sys.stdout.flush()
 
 
-def startup() -> None:
-    """The knobs of the startup itself: its length, and an exit at its end."""
+def startup(e: Engine) -> None:
+    """The knobs of the startup itself: its length, and an exit at its end (only a server without speculation
+    exits when STANDIN_STARTUP_EXIT_IF=plain)."""
     time.sleep(env_float("STANDIN_STARTUP_S", 0.1))
     rc = os.environ.get("STANDIN_STARTUP_EXIT", "")
-    if rc:
+    if rc and not (os.environ.get("STANDIN_STARTUP_EXIT_IF") == "plain" and e.spec):
+        time.sleep(env_float("STANDIN_STARTUP_EXIT_AFTER_S", 0))
         print(os.environ.get("STANDIN_STARTUP_MESSAGE", "RuntimeError: stand-in engine failed to start"),
               file=sys.stderr, flush=True)
         sys.exit(int(rc))
@@ -536,7 +570,7 @@ def serve(d: Dialect, argv: List[str], own: Dict[str, str]) -> None:
     except Exception as exc:  # e.g. out of memory: say so the way engines do, and exit
         print(f"[standin] could not take {mib} MiB: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         sys.exit(1)
-    startup()
+    startup(e)
     port = int(args.get("--port") or 0)
     REPORT.update({"pid": os.getpid(), "mark": os.environ.get(MARK), "port": port, "release_delay_s": delay,
                    "dialect": d.name, **seen})
@@ -549,6 +583,7 @@ def serve(d: Dialect, argv: List[str], own: Dict[str, str]) -> None:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     threading.Thread(target=server.serve_forever, daemon=True).start()
     rec("ready", port=server.server_address[1])
+    print(f"[standin] listening on port {port}", flush=True)
     print("INFO:     Application startup complete.", flush=True)
     print(f"INFO:     Uvicorn running on http://{args.get('--host', '127.0.0.1')}:{port}", flush=True)
     while not stop.wait(0.2):
@@ -615,7 +650,7 @@ def main(argv: List[str]) -> None:
     d = DIALECTS[module]
     if "--help" in rest or "-h" in rest:
         sys.stdout.write(help_text(d))
-        return
+        sys.exit(int(os.environ.get("STANDIN_HELP_RC") or 0))
     serve(d, rest[2:], own)
 
 
