@@ -1,6 +1,6 @@
 """Progress inside a config (agent/measure.py `Pace`): after a burst, once `progress_s` has passed since the last
 report, a `config_progress` event with the requests done of all, the output tok/s over that window (the server's
-completion_tokens of the requests finished in it) and the config's ETA; measured against the fake engine of
+completion_tokens of the requests finished in it) and the config's ETA; measured against the stand-in engine of
 test_config, and shown by `controller.follow` as one line each between the per-config lines."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from agent.suite import Suite
 from controller import follow, matrix
 from tests.agent.test_config import assert_contract, events, setup, suite, write_engine
 
-OUT = 24  # output tokens per request: about 50 ms a request from the fake engine
+OUT = 24  # output tokens per request: about 50 ms a request from the stand-in engine
 SWEEPS = [{"workloads": ["fib"], "max_tokens": [OUT], "concurrency": [1, 2]}]
 
 

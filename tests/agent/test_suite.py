@@ -1,5 +1,5 @@
 """The suite loop on one host: the ETA, which results are kept, a phase whose baseline fails, events in
-order, resuming a run and forcing it, and a whole suite against the fake engine of test_config."""
+order, resuming a run and forcing it, and a whole suite against the stand-in engine (tests/standin)."""
 from __future__ import annotations
 
 import json

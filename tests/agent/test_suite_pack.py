@@ -1,4 +1,4 @@
-"""A packed phase run by the agent for real: two CPU slots (taskset), the fake engine of test_config as servers.
+"""A packed phase run by the agent for real: two CPU slots (taskset), the stand-in engine (tests/standin) as servers.
 The baseline starts first on slot 0: with the pack check it runs alone to its end; without it the other slot
 starts beside it but sends no request before the baseline answered its warmup; then the rest two at a time, each
 server held to its slot's CPU; every status names its slot and its neighbours; a baseline that fails stops the
