@@ -16,7 +16,7 @@ demo: venv engine models
 # Two workers; tests that share a resource stay together (tests/conftest.py says which). Ends with the time per
 # folder and the 15 slowest tests.
 test: host-deps venv engine models wheelhouse
-	$(BIN)/python -m pytest -n 2 --dist loadgroup -rfEs --durations=15 tests
+	$(BIN)/python -m pytest -n 2 -rfEs --durations=15 tests
 	$(MAKE) lint
 
 # What is not slow (no engine, no test hosts, no role runs): a minute or two.

@@ -5,11 +5,11 @@
 - `testhosts`: the systemd-nspawn test hosts (root); `gpu`: a real NVIDIA GPU (tests/gpu);
 - `engine`: the real CPU engine (set by the tests themselves: the claim is the engine's).
 
-`make test-fast` runs what is not slow; `make test` runs everything on two workers (pytest-xdist, `--dist
-loadgroup`) and lists the slowest tests. The groups keep what shares a resource on one worker, one test at a time:
-`serial` holds every run of this machine's suite (the real engine's and the stand-in's: their kill windows and
-deadlines are timed, and the engine takes a core), `testhosts` the tests of the two test hosts (one session
-fixture builds them); the rest spreads over both workers.
+`make test-fast` runs what is not slow; `make test` runs everything on two workers (pytest-xdist) and lists the
+slowest tests. The work units keep what shares a resource on one worker, one test at a time (`group_of`): `serial`
+holds every run of this machine's suite (the real engine's and the stand-in's: their kill windows and deadlines are
+timed, and the engine takes a core) and the engine contract, `testhosts` the tests of the two test hosts (one
+session fixture builds them); every other module is a unit of its own.
 """
 from __future__ import annotations
 
@@ -35,10 +35,38 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.testhosts)
         if folder == "gpu":
             item.add_marker(pytest.mark.gpu)
-        if path.name in TESTHOSTS:
-            item.add_marker(pytest.mark.xdist_group("testhosts"))
-        elif folder == "playbooks" or item.get_closest_marker("engine"):
-            item.add_marker(pytest.mark.xdist_group("serial"))
+
+
+# this machine's suite runs, the engine contract, and the agent's tests that time CPU slots and progress windows
+SERIAL = ("tests/playbooks/", "tests/standin/test_contract.py", "tests/agent/test_suite_pack.py",
+          "tests/agent/test_live_progress.py")
+FIRST = ("serial", "testhosts")  # the longest groups start first, one on each worker
+
+
+def group_of(nodeid: str) -> str:
+    """The xdist work unit of a test: `testhosts`, `serial`, or its own module."""
+    path = nodeid.split("::", 1)[0]
+    if Path(path).name in TESTHOSTS:
+        return "testhosts"
+    return "serial" if path.startswith(SERIAL) else path
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Whole groups to one worker each (`group_of`), the longest first. (xdist's own `--dist loadgroup` reads
+    markers through a node attribute this pytest no longer has.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Groups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+        def _assign_work_unit(self, node: object) -> None:
+            for name in reversed(FIRST):
+                if name in self.workqueue:
+                    self.workqueue.move_to_end(name, last=False)
+            super()._assign_work_unit(node)
+
+    return Groups(config, log)
 
 
 _SECONDS: dict[str, float] = {}
