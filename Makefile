@@ -9,9 +9,12 @@ PIP_ARGS ?=
 
 .PHONY: demo test test-fast lint venv engine models wheelhouse host-deps testhosts testhosts-down clean
 
+# The demo names its run (RUN_ID=... to choose), so that `where` shows this run even when another one ends first.
+DEMO_RUN_ID := $(or $(RUN_ID),$(shell date -u +%Y%m%dT%H%M%SZ))
+
 demo: venv engine models
-	$(BIN)/ansible-playbook bench.yml -l local $(if $(RUN_ID),-e run_id=$(RUN_ID))
-	@$(BIN)/specfleet where $(if $(RUN_ID),results/$(RUN_ID))
+	$(BIN)/ansible-playbook bench.yml -l local -e run_id=$(DEMO_RUN_ID)
+	@$(BIN)/specfleet where results/$(DEMO_RUN_ID)
 
 # Two workers; tests that share a resource stay together (tests/conftest.py says which). Ends with the time per
 # folder and the 15 slowest tests.

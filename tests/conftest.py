@@ -13,7 +13,11 @@ session fixture builds them); every other module is a unit of its own.
 """
 from __future__ import annotations
 
+import contextlib
+import shutil
+import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -69,19 +73,39 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     return Groups(config, log)
 
 
+@contextlib.contextmanager
+def short_tmp(prefix: str = "sf-") -> Iterator[Path]:
+    """A temporary folder with a short path, removed afterwards: the real engine's IPC sockets live under it, and
+    a Unix socket path holds 107 bytes at most (pytest's tmp_path under an xdist worker is too long for that)."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 _SECONDS: dict[str, float] = {}
+_SPAN: dict[str, tuple[float, float]] = {}
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     folder = str(Path(report.nodeid.split("::")[0]).parent)
     _SECONDS[folder] = _SECONDS.get(folder, 0.0) + report.duration
+    first, last = _SPAN.get(folder, (report.start, report.stop))
+    _SPAN[folder] = (min(first, report.start), max(last, report.stop))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Where the run's time went, by test folder (setup, call and teardown together)."""
+    """Where the run's time went, by test folder: the tests' own time (setup, call and teardown together, summed
+    over the workers) and the wall from its first test's start to its last test's end."""
     if not _SECONDS:
         return
     terminalreporter.section("time by folder")
     total = sum(_SECONDS.values())
+    wall = max(stop for _, stop in _SPAN.values()) - min(start for start, _ in _SPAN.values())
+    terminalreporter.write_line(f"{'tests':>9}  {'share':>6}  {'wall':>9}  folder   (all tests: {total / 60:.1f} min "
+                                f"of test time in {wall / 60:.1f} min of wall)")
     for folder, seconds in sorted(_SECONDS.items(), key=lambda kv: -kv[1]):
-        terminalreporter.write_line(f"{seconds / 60:7.1f} min  {100 * seconds / total:5.1f}%  {folder}")
+        span = _SPAN[folder][1] - _SPAN[folder][0]
+        terminalreporter.write_line(f"{seconds / 60:5.1f} min  {100 * seconds / total:5.1f}%  {span / 60:5.1f} min  "
+                                    f"{folder}")

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from tests import playbook
+from tests.conftest import short_tmp
 from tests.hosts.testhosts import TestHosts
 from tests.readme import typed
 from tests.standin import write_python
@@ -100,18 +101,19 @@ def engine_ready(request: pytest.FixtureRequest) -> None:
 
 
 @pytest.fixture
-def bench(tmp_path: Path):
-    b = Bench(tmp_path)
-    yield b
-    _kill_leftovers(str(tmp_path))
+def bench() -> Iterator[Bench]:
+    with short_tmp() as tmp:
+        b = Bench(tmp)
+        yield b
+        _kill_leftovers(str(tmp))
 
 
 @pytest.fixture(scope="module")
-def module_bench(tmp_path_factory: pytest.TempPathFactory):
-    tmp = tmp_path_factory.mktemp("bench")
-    b = Bench(tmp)
-    yield b
-    _kill_leftovers(str(tmp))
+def module_bench() -> Iterator[Bench]:
+    with short_tmp() as tmp:
+        b = Bench(tmp)
+        yield b
+        _kill_leftovers(str(tmp))
 
 
 @pytest.fixture(scope="session")

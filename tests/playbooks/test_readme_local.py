@@ -53,8 +53,27 @@ class Demo:
         return [e for e in events if e["invocation"] == events[-1]["invocation"]]
 
 
+TESTHOST_ENTRY = re.compile(r"^\.?th\d+(\.unpack|\.old)?$")
+
+
+def testhosts_run(folder: Path) -> bool:
+    """A run folder of the test hosts' suite (another worker's, made meanwhile): a th<N> host folder, or its
+    unpacking, is in it. A folder just made is waited for (5 s at most) until it holds something to judge by."""
+    end = time.monotonic() + 5
+    while True:
+        names = {p.name for p in folder.iterdir()} if folder.is_dir() else set()
+        if names or time.monotonic() > end:
+            break
+        time.sleep(0.1)
+    hosts = (json.loads((folder / "run.json").read_text()).get("hosts") or []
+             if (folder / "run.json").is_file() else [])
+    return any(TESTHOST_ENTRY.match(n) for n in names) or any(TESTHOST_ENTRY.match(str(h)) for h in hosts)
+
+
 def run_folders() -> set[Path]:
-    return {p for base in (ROOT / "results", HOST_RESULTS) if base.is_dir() for p in base.iterdir()}
+    """The run folders on the controller and this machine's host folder, the test hosts' runs left out."""
+    return {p for base in (ROOT / "results", HOST_RESULTS) if base.is_dir() for p in base.iterdir()
+            if base == HOST_RESULTS or not testhosts_run(p)}
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +145,7 @@ def test_the_demo_results_follow_the_contract(demo: Demo) -> None:
             for key, typ in ROW_TYPES.items():
                 assert isinstance(r[key], typ), (key, r[key])
             assert r["ok"] and r["error"] is None and r["config_id"] == cid
-            assert r["completion_tokens"] == 256  # ignore_eos: exactly max_tokens, counted by the server
+            assert r["completion_tokens"] == 128  # ignore_eos: exactly max_tokens, counted by the server
             if r["context_tokens"]:
                 assert r["prompt_tokens"] == 512  # built to size with the server's tokenizer
             assert (r["accept_length"] is None) == (cid == "tp1-autoregressive")
@@ -135,7 +154,7 @@ def test_the_demo_results_follow_the_contract(demo: Demo) -> None:
         # the server's own counters agree with the rows: tokens and requests exactly, acceptance within 1%
         counted = status["counters"]
         assert counted["verdict"] == "ok", counted
-        assert counted["generation_tokens"] == {"server": 120 * 256, "rows": 120 * 256, "ok": True}
+        assert counted["generation_tokens"] == {"server": 120 * 128, "rows": 120 * 128, "ok": True}
         assert counted["requests"] == {"server": 120, "rows": 120, "ok": True}
         assert ("accept_length" in counted) == (cid != "tp1-autoregressive")
         assert isinstance(status["order_seed"], int) and status["host_load"]["engine_cpu_s"] > 0
@@ -160,8 +179,9 @@ def test_the_demo_records_validate_against_the_published_schemas(demo: Demo) -> 
 
 
 def test_make_test_fast_runs_the_tests_not_marked_slow() -> None:
-    """`make test-fast` as typed, its tests collected, not run: `make test` runs every one of them already."""
-    plan = typed("make -n test-fast", timeout=120)
+    """`make test-fast`'s own command (make -n), its tests collected, not run: `make test` runs every one of
+    them already."""
+    plan = subprocess.run(["make", "-n", "test-fast"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert plan.returncode == 0, plan.stdout[-2000:] + plan.stderr[-2000:]
     [command] = [line for line in plan.stdout.splitlines() if "pytest" in line]
     assert '-m "not slow"' in command, command

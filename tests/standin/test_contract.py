@@ -21,7 +21,7 @@ from agent.counters import SAMPLE
 from agent.engines import ENGINES, PORT
 from agent.probe import help_choices, help_flags
 from agent.server import free_port
-from tests.conftest import ROOT
+from tests.conftest import ROOT, short_tmp
 from tests.standin import write_python
 from tests.standin.engine import VLLM as STANDIN_VLLM
 
@@ -103,19 +103,19 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tuple[Served, Served]]:
+def pair() -> Iterator[Tuple[Served, Served]]:
     if not ENGINE_PY.exists() or not (MODELS / "target/config.json").exists():
         pytest.fail("the CPU engine and tiny models are missing: run `make engine models` first")
-    tmp = tmp_path_factory.mktemp("contract")
-    real = Served(ENGINE_PY, tmp / "real")
-    try:
-        standin = Served(write_python(tmp / "standin-python"), tmp / "standin")
+    with short_tmp() as tmp:
+        real = Served(ENGINE_PY, tmp / "real")
         try:
-            yield real, standin
+            standin = Served(write_python(tmp / "standin-python"), tmp / "standin")
+            try:
+                yield real, standin
+            finally:
+                standin.stop()
         finally:
-            standin.stop()
-    finally:
-        real.stop()
+            real.stop()
 
 
 def kinds(chunks: List[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
