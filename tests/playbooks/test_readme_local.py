@@ -56,7 +56,7 @@ class Demo:
 TESTHOST_ENTRY = re.compile(r"^\.?th\d+(\.unpack|\.old)?$")
 
 
-def testhosts_run(folder: Path) -> bool:
+def is_testhosts_run(folder: Path) -> bool:
     """A run folder of the test hosts' suite (another worker's, made meanwhile): a th<N> host folder, or its
     unpacking, is in it. A folder just made is waited for (5 s at most) until it holds something to judge by."""
     end = time.monotonic() + 5
@@ -73,7 +73,7 @@ def testhosts_run(folder: Path) -> bool:
 def run_folders() -> set[Path]:
     """The run folders on the controller and this machine's host folder, the test hosts' runs left out."""
     return {p for base in (ROOT / "results", HOST_RESULTS) if base.is_dir() for p in base.iterdir()
-            if base == HOST_RESULTS or not testhosts_run(p)}
+            if base == HOST_RESULTS or not is_testhosts_run(p)}
 
 
 @pytest.fixture(scope="module")
