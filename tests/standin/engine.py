@@ -484,6 +484,7 @@ def handler(e: Engine) -> type:
             n = int(sp.get("max_new_tokens", 128))
             ids = body["input_ids"] if "input_ids" in body else tokenize(body.get("text", ""))
             said(len(ids), n)
+            t0 = time.monotonic()
             self.start_stream()
             done, plan, out_ids = 0, steps(n, e.accept if e.spec else 1.0), []
             for i, k in enumerate(plan):
@@ -495,11 +496,10 @@ def handler(e: Engine) -> type:
                                         "prompt_tokens": len(ids), "completion_tokens": told, "cached_tokens": 0}
                 if done == n:
                     meta["finish_reason"] = {"type": "length", "length": n}
-                    meta["e2e_latency"] = 0.0
+                    meta["e2e_latency"] = time.monotonic() - t0
                     if e.spec and i:
                         meta.update(spec_verify_ct=i, spec_accept_length=n / i,
                                     spec_accept_rate=max(0, n - 1 - i) / (i * e.k), spec_num_correct_drafts=n - 1 - i)
-                if done == n:
                     e.count(len(ids), n, i)
                 self.event({"text": " tok" * done, "output_ids": list(out_ids), "meta_info": meta},
                            cut=fault == "malformed" and i == 1)
