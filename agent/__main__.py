@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import tarfile
+import time
 import uuid
 from pathlib import Path
 
@@ -25,6 +26,40 @@ def load_plan(path: Path) -> dict:
     return secrets.resolve(plan, values)
 
 
+def holder_state(host_dir: Path, wait_s: float = 5.0) -> dict:
+    """The state file of the start that holds the run's lock. It writes the file right after it takes the lock:
+    a state that does not say `running` yet is read again until `wait_s` has passed."""
+    end = time.monotonic() + wait_s
+    while True:
+        state = read_state(host_dir / "agent.json")
+        if state.get("state") == "running" or time.monotonic() > end:
+            return state
+        time.sleep(0.05)
+
+
+def read_state(path: Path) -> dict:
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def note_attach(host_dir: Path, invocation: str, state: dict) -> None:
+    """Tell whoever follows `invocation` (the controller that started it) to follow the start that holds the
+    lock instead: one appended line of `agent.attach.jsonl`, read by `progress`. Without it, a holder that ends
+    between this refusal and the controller's first poll would leave nothing to follow."""
+    if not state.get("invocation"):
+        return
+    line = json.dumps({"invocation": invocation, "follow": state["invocation"], "pid": state.get("pid"),
+                       "at": now_iso()}) + "\n"
+    fd = os.open(host_dir / progress.ATTACH, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+    try:
+        os.write(fd, line.encode())  # one short write on O_APPEND: whole lines, also from starts racing
+    finally:
+        os.close(fd)
+
+
 def run(args: argparse.Namespace) -> int:
     plan = load_plan(Path(args.plan))
     root = Path(args.results) / plan["run_id"]
@@ -34,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        state = json.loads((host_dir / "agent.json").read_text()) if (host_dir / "agent.json").exists() else {}
+        state = holder_state(host_dir)
+        note_attach(host_dir, args.invocation, state)
         print(f"run {plan['run_id']} is already running on this host (pid {state.get('pid')})", file=sys.stderr)
         return 3
     become_subreaper()
@@ -59,7 +95,8 @@ def pack(args: argparse.Namespace) -> int:
     tmp = Path(args.out + ".tmp")
     try:
         with tarfile.open(tmp, "w:gz") as tar:
-            tar.add(src, arcname=args.host, filter=lambda ti: None if ti.name.endswith("agent.lock") else ti)
+            tar.add(src, arcname=args.host,
+                    filter=lambda ti: None if ti.name.endswith(("agent.lock", progress.ATTACH)) else ti)
         os.replace(tmp, args.out)
     finally:
         tmp.unlink(missing_ok=True)  # a failed pack leaves nothing half-written behind

@@ -1,5 +1,6 @@
 """`python -m agent progress`: what the controller reads on each poll of a running suite — the complete
-event lines after an offset, the agent's state file, whether its process lives and the free space of the
+event lines after an offset, the agent's state file, whether its process lives, the starts that were refused
+because another held the run (`attached`: invocation → the invocation to follow) and the free space of the
 results filesystem — as one JSON object on stdout."""
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+
+ATTACH = "agent.attach.jsonl"  # beside the state file: one line per start refused because the run was held
 
 
 def read(events: Path, offset: int, state_path: Path) -> dict[str, Any]:
@@ -31,7 +34,24 @@ def read(events: Path, offset: int, state_path: Path) -> dict[str, Any]:
     except OSError:
         free = None
     return {"lines": data.decode(errors="replace"), "offset": offset + len(data), "state": state,
-            "alive": _alive(state.get("pid")), "free_bytes": free}
+            "alive": _alive(state.get("pid")), "attached": _attached(state_path.parent / ATTACH),
+            "free_bytes": free}
+
+
+def _attached(path: Path) -> dict[str, str]:
+    out: dict[str, str] = {}
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("invocation"), str) and isinstance(rec.get("follow"), str):
+            out[rec["invocation"]] = rec["follow"]
+    return out
 
 
 def _alive(pid: Any) -> bool:

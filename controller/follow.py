@@ -61,12 +61,16 @@ class Follow:
         """Whether the agent is found (this start, or a run already in progress): a line to show when
         attaching to another start; raises LookupError while it is not there yet."""
         state = probe["state"]
-        if state.get("invocation") == self.invocation or (state.get("state") == "running" and probe["alive"]):
+        held_by = (probe.get("attached") or {}).get(self.invocation)  # this start was refused: the run was held
+        if held_by:
+            self.followed = held_by
+        elif state.get("invocation") == self.invocation or (state.get("state") == "running" and probe["alive"]):
             self.followed = state.get("invocation")
-            if self.followed != self.invocation:
-                return f"attaching to the run already in progress (pid {state.get('pid')})"
-            return None
-        raise LookupError("not started")
+        else:
+            raise LookupError("not started")
+        if self.followed != self.invocation:
+            return f"attaching to the run already in progress (pid {state.get('pid')})"
+        return None
 
     def step(self, probe: dict[str, Any]) -> tuple[list[str], dict[str, Any] | None]:
         """(lines to show, the final result or None to poll again) after one poll of an attached agent."""

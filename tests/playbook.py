@@ -69,3 +69,12 @@ def start(args: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: Pat
     `new_session`: in its own session, so that the test can kill it with everything it forked)."""
     return subprocess.Popen([ANSIBLE_PLAYBOOK, *args], cwd=cwd, env=ansible_env(env), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=new_session)
+
+
+def why(out: str, tail: int = 3000) -> str:
+    """An assertion message for a run that failed: its failed tasks (with the task line above each), then the tail
+    of its output; a failure on one host is often far above where the output ends."""
+    lines = out.splitlines()
+    failed = [f"{lines[i - 2] if i >= 2 else ''}\n{line}" for i, line in enumerate(lines)
+              if line.startswith(("fatal:", "failed:"))]
+    return "\n".join(failed)[-6000:] + "\n...\n" + out[-tail:]

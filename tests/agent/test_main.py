@@ -197,7 +197,10 @@ def test_a_second_run_of_the_same_run_id_exits_3(tmp_path: Path, missing_engine:
     assert "Traceback" not in res.stderr
     # the running agent's state and results are left alone ...
     assert json.loads((held_lock / "agent.json").read_text()) == first
-    assert sorted(p.name for p in held_lock.iterdir()) == ["agent.json", "agent.lock"]
+    assert sorted(p.name for p in held_lock.iterdir()) == ["agent.attach.jsonl", "agent.json", "agent.lock"]
+    # ... but whoever follows this start learns which one to follow instead (the holder may end before it looks)
+    note = json.loads((held_lock / "agent.attach.jsonl").read_text())
+    assert (note["invocation"], note["follow"], note["pid"]) == ("inv-second", "inv-first", 424242)
     # ... and the secrets left the disk all the same: the plan is read before the lock is tried
     assert_stripped(path, plan)
 
@@ -318,7 +321,7 @@ def test_progress_prints_one_json_object(tmp_path: Path) -> None:
     answer = json.loads(res.stdout)
     assert answer["lines"] == '{"event": "suite_start"}\n' and answer["offset"] == 25
     assert answer["state"]["invocation"] == "inv-p" and answer["alive"] is True
-    assert set(answer) == {"lines", "offset", "state", "alive", "free_bytes"}
+    assert set(answer) == {"lines", "offset", "state", "alive", "attached", "free_bytes"}
 
 
 # -- schemas ------------------------------------------------------------------------------------------

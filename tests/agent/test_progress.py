@@ -90,7 +90,7 @@ def test_events_written_by_the_store(host: Path) -> None:
 
 def test_missing_files_give_empty_answers(tmp_path: Path) -> None:
     out = progress.read(tmp_path / "nowhere" / "events.jsonl", 0, tmp_path / "nowhere" / "agent.json")
-    assert out == {"lines": "", "offset": 0, "state": {}, "alive": False, "free_bytes": None}
+    assert out == {"lines": "", "offset": 0, "state": {}, "alive": False, "attached": {}, "free_bytes": None}
     out = progress.read(tmp_path / "events.jsonl", 17, tmp_path / "agent.json")
     assert out["lines"] == "" and out["offset"] == 17 and out["state"] == {} and out["alive"] is False
     assert isinstance(out["free_bytes"], int) and out["free_bytes"] >= 0
@@ -190,4 +190,15 @@ def test_the_cli_with_missing_files(tmp_path: Path) -> None:
                           "--state", str(tmp_path / "no/agent.json")], cwd=ROOT, capture_output=True, text=True,
                          timeout=60)
     assert res.returncode == 0, res.stderr
-    assert json.loads(res.stdout) == {"lines": "", "offset": 0, "state": {}, "alive": False, "free_bytes": None}
+    assert json.loads(res.stdout) == {"lines": "", "offset": 0, "state": {}, "alive": False, "attached": {},
+                                       "free_bytes": None}
+
+
+def test_refused_starts_are_read_as_whom_to_follow(host: Path) -> None:
+    """`agent.attach.jsonl`: one line per start refused because the run was held; a torn or foreign line is
+    skipped, the last note for an invocation wins."""
+    (host / progress.ATTACH).write_text(
+        '{"invocation": "inv-2", "follow": "inv-1", "pid": 7}\n{"invocation": "inv-3"\n[1]\n'
+        '{"invocation": "inv-4", "follow": 5}\n{"invocation": "inv-2", "follow": "inv-0"}\n')
+    out = progress.read(host / "events.jsonl", 0, host / "agent.json")
+    assert out["attached"] == {"inv-2": "inv-0"}

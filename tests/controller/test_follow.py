@@ -21,9 +21,10 @@ def lines_of(*events: dict[str, Any] | str) -> str:
 
 
 def probe(lines: str = "", offset: int = 0, state: dict[str, Any] | None = None, alive: bool = True,
-          free_bytes: int | None = 10 << 30) -> dict[str, Any]:
+          free_bytes: int | None = 10 << 30, attached: dict[str, str] | None = None) -> dict[str, Any]:
     state = {"pid": 4242, "state": "running", "invocation": "inv-1"} if state is None else state
-    return {"lines": lines, "offset": offset, "state": state, "alive": alive, "free_bytes": free_bytes}
+    return {"lines": lines, "offset": offset, "state": state, "alive": alive, "free_bytes": free_bytes,
+            "attached": attached or {}}
 
 
 def attached(invocation: str = "inv-1") -> Follow:
@@ -254,3 +255,21 @@ def test_died_names_the_state_the_agent_left() -> None:
     msg = f.died(probe(state={"state": "finished", "invocation": "inv-1"}, alive=False))
     assert msg.startswith("the agent on h ended (finished) without finishing the suite: no error recorded; "
                           "see its log")
+
+
+def test_a_refused_start_follows_the_holder_even_after_the_holder_ended() -> None:
+    """This start found the run held and exited; the holder then finished before the first poll: the refusal's
+    note says whom to follow, and the holder's events end the task."""
+    f = Follow("gpu-01", "inv-2")
+    finished = {"pid": 4242, "state": "finished", "invocation": "inv-1"}
+    with pytest.raises(LookupError):
+        f.attach(probe(state=finished, alive=False))
+    assert f.attach(probe(state=finished, alive=False, attached={"inv-2": "inv-1"})) == \
+        "attaching to the run already in progress (pid 4242)"
+    lines, done = f.step(probe(lines_of(ev(Event.SUITE_END, "inv-1", elapsed_s=2)), state=finished, alive=False,
+                               offset=10))
+    assert lines == ["suite finished in 0:00:02"] and done is not None and done["changed"]
+    # another start's note is not this one's
+    g = Follow("gpu-01", "inv-3")
+    with pytest.raises(LookupError):
+        g.attach(probe(state=finished, alive=False, attached={"inv-2": "inv-1"}))

@@ -83,7 +83,7 @@ def two_host_run(testhosts: TestHosts) -> Iterator[tuple[Bench, str]]:
     match = re.search(r"^th1: suite (\S+): 2 configs", res.stdout, re.M)
     run_dir = ROOT / "results" / match.group(1) if match else None
     try:
-        assert res.returncode == 0 and match, res.stdout[-5000:]
+        assert res.returncode == 0 and match, playbook.why(res.stdout)
         bench = Bench(ROOT)
         bench.results = ROOT / "results"
         yield bench, match.group(1), res.stdout
@@ -151,7 +151,7 @@ def test_controller_killed_mid_config_then_rerun(two_host_run: tuple[Bench, str,
     # the suite goes on on the hosts without the controller
     assert any(e["event"] == "config_start" for e in host_events(testhosts, "th2", run))
     res = bench.run({"run_id": run, **standin}, limit="testhosts", timeout=1200)
-    assert res.returncode == 0, res.stdout[-5000:]
+    assert res.returncode == 0, playbook.why(res.stdout)
     for host in HOSTS:
         started = Counter(e["config_id"] for e in host_events(testhosts, host, run) if e["event"] == "config_start")
         assert started == {"tp1-autoregressive": 1, "tp1-ngram-k2": 1}, (host, started)  # nothing ran twice
