@@ -55,6 +55,7 @@ class Host:
     gpu_memory_mib: int = 0  # one GPU's memory, for the fit check (0: no GPU known, no check)
     flags: Optional[Set[str]] = None
     choices: Dict[str, List[str]] = field(default_factory=dict)
+    features: Dict[str, Any] = field(default_factory=dict)  # what the build's source says it can do (agent.probe)
     skip_unsupported: bool = False  # record configs with unknown flags skipped instead of failed
     ports: Set[int] = field(default_factory=set)  # ports of servers running now (packed configs run at once)
     busy: Optional[Busy] = None  # in a packed phase: which configs are up and measuring

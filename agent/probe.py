@@ -59,6 +59,55 @@ def help_choices(text: str) -> Dict[str, List[str]]:
     return out
 
 
+# What an SGLang build can do, read from its own source (nothing imported): each marker is checked against
+# SGLang's released wheels by tests/standin/test_sglang_source.py, which names the file and line that moved.
+SGLANG_ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE", "NGRAM", "DFLASH", "DDTREE")  # the names the adapter renders
+SGLANG_DFLASH_NO_OVERLAP = "when using DFLASH speculative decoding (spec v2 is not supported yet)"
+SGLANG_VERIFY_COUNTER = "sglang:spec_verify_calls_total"
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def sglang_source(package: Optional[str]) -> Dict[str, Any]:
+    """From an installed SGLang package folder: the speculative algorithms it knows among those specfleet renders
+    (its enum, or a name its argument handling compares against, as a pull request's DDTREE), whether DFLASH may
+    run overlapped (up to 0.5.13 the server forces the overlap scheduler off for it), whether `/tokenize` takes
+    `messages` (0.5.15 on) and whether it counts verify steps (`sglang:spec_verify_calls_total`, 0.5.15 on).
+    {} when the source is not there."""
+    if not package:
+        return {}
+    srt = Path(package) / "srt"
+    registry = _read(srt / "speculative" / "spec_info.py")
+    if not registry:
+        return {}
+    enum = re.search(r"class SpeculativeAlgorithm\b.*?:\n(.*?)(?:\n    (?:def|@)|\nclass )", registry, re.S)
+    members = set(re.findall(r"^    ([A-Z][A-Z0-9_]*) = ", enum.group(1), re.M)) if enum else set()
+    handling = "".join(_read(f) for f in [srt / "server_args.py", *sorted((srt / "arg_groups").glob("*.py")),
+                                           *sorted((srt / "speculative").glob("*.py"))])
+    algorithms = [a for a in SGLANG_ALGORITHMS if a in members or f'"{a}"' in handling]
+    protocol = _read(srt / "entrypoints" / "openai" / "protocol.py")
+    tokenize = re.search(r"class TokenizeRequest\b.*?:\n(.*?)(?:\nclass |\Z)", protocol, re.S)
+    metrics = "".join(_read(f) for f in sorted(srt.glob("*/*collector*.py")))
+    return {"algorithms": algorithms,
+            "dflash_overlap": "DFLASH" in algorithms and SGLANG_DFLASH_NO_OVERLAP not in handling,
+            "tokenize_messages": bool(tokenize and re.search(r"^\s+messages\s*:", tokenize.group(1), re.M)),
+            "verify_counter": SGLANG_VERIFY_COUNTER in metrics}
+
+
+def with_source_choices(choices: Mapping[str, Sequence[str]], features: Mapping[str, Any]) -> Dict[str, List[str]]:
+    """The help's choices, and where `--speculative-algorithm` is a free string (SGLang 0.5.14 on), the
+    algorithms the build's source knows: a DDTREE config on a build without DDTree is refused either way."""
+    out = {k: list(v) for k, v in choices.items()}
+    if "--speculative-algorithm" not in out and features.get("algorithms"):
+        out["--speculative-algorithm"] = list(features["algorithms"])
+    return out
+
+
 def unsupported(argv: Sequence[str], flags: Set[str], choices: Mapping[str, Sequence[str]]) -> List[str]:
     """The launch arguments the engine would refuse: flags its help does not know, and values outside a
     flag's listed choices (`--speculative-algorithm DDTREE`)."""
@@ -130,14 +179,15 @@ def engine(python: str, module: str, dists: Sequence[str], env: Optional[Mapping
         out.update(version=ident.get("version"), key=ident.get("key"))
         kept = cached(cache, out["key"])
         if kept:
-            out.update(flags=kept["flags"], choices=kept.get("choices") or {},
+            out.update(flags=kept["flags"], choices=kept.get("choices") or {}, features=kept.get("features") or {},
                        cached=str(cache_path(str(cache), out["key"])))
             return out
         flags, choices = read_help(python, module, env, timeout)
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
         out["error"] = str(exc) if isinstance(exc, RuntimeError) else f"{type(exc).__name__}: {exc}"
         return out
-    out.update(flags=sorted(flags), choices=choices)
+    features = sglang_source(ident.get("package")) if module.startswith("sglang") else {}
+    out.update(flags=sorted(flags), choices=with_source_choices(choices, features), features=features)
     return out
 
 

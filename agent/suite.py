@@ -69,6 +69,7 @@ class Suite:
         if (known.get("flags") and known.get("python") == suite["engine_python"]
                 and known.get("module") == self.host.engine.module):
             self.host.flags, self.host.choices = set(known.get("flags") or ()), dict(known.get("choices") or {})
+            self.host.features = dict(known.get("features") or {})
         self.help_key: Optional[str] = known.get("key") if self.host.flags is not None else None
 
     def prepare(self) -> None:
@@ -81,6 +82,7 @@ class Suite:
             self.read_help()
         if host.flags is not None:  # a later plan reads it when the host cannot be asked
             info["engine"]["help"] = {"flags": sorted(host.flags), "choices": host.choices}
+            info["engine"]["features"] = host.features
             self.keep_help()
         write_json(store.dir / "host.json", info)
         rows = gpu.parse_query_csv(gpu.query() or "")
@@ -101,6 +103,7 @@ class Suite:
         self.help_key = read.get("key")
         if read.get("flags"):
             host.flags, host.choices = set(read["flags"]), dict(read.get("choices") or {})
+            host.features = dict(read.get("features") or {})
 
     def keep_help(self) -> None:
         """The engine's flags into the host's cache, for the next plan and run (once per engine build)."""
@@ -111,7 +114,7 @@ class Suite:
             write_json(probe.cache_path(str(self.cache), self.help_key),
                        {"python": self.host.suite["engine_python"], "module": self.host.engine.module,
                         "version": self.host.engine_info.get("version"), "flags": sorted(self.host.flags or ()),
-                        "choices": self.host.choices})
+                        "choices": self.host.choices, "features": self.host.features})
         except OSError:
             pass  # a cache that cannot be written costs the next run one --help, nothing else
 

@@ -341,7 +341,7 @@ def _box_figure(configs: list[dict[str, Any]], values: dict[str, list[float]], t
 def _host_figures(run: Run, host: str, tp: int, rows: list[dict[str, Any]]) -> Iterator[tuple[str, Figure]]:
     """The figures of one host and tp (`rows`: their rows of the table) that have data, named."""
     name, where = f"{_safe(host)}-tp{tp}", f"{host} tp{tp}"
-    paths = {c.config_id: scheduling(c) for c in run.configs if c.host == host}
+    paths = {c.config_id: scheduling(c, run.hosts.get(host)) for c in run.configs if c.host == host}
     speedup = "speedup over autoregressive"
     made = [
         ("speedup-vs-budget", _line_figure(

@@ -32,9 +32,10 @@ COLUMNS = CELL + ["config_id", "method", "method_params", "n", "errors", "tok_s_
                   "burst_speedup_ci_high", "flags", "checks"]
 NOISY_CV = 0.05  # a cell whose tok/s varies more than this (std / mean) is flagged `noisy`
 DDTREE, DFLASH = "ddtree", "dflash"
-# SGLang runs speculative decoding with overlap scheduling only under spec v2 (SGLANG_ENABLE_SPEC_V2 true) and
-# without --disable-overlap-schedule; DDTree's patch forces overlap off whatever the config says.
-NO_OVERLAP_FLAG, SPEC_V2 = "--disable-overlap-schedule", "SGLANG_ENABLE_SPEC_V2"
+# SGLang runs DFlash overlapped from 0.5.14 unless --disable-overlap-schedule is given; up to 0.5.13 it forces
+# overlap off for DFlash (the host's probe records it: engine.features.dflash_overlap). SGLANG_ENABLE_SPEC_V2 never
+# applied to DFlash. DDTree's patch forces overlap off whatever the config says.
+NO_OVERLAP_FLAG = "--disable-overlap-schedule"
 PACK_COLUMNS = CELL + ["baseline_config_id", "pack_check_config_id", "alone_n", "alone_tok_s_mean", "alone_tok_s_std",
                        "alone_status", "packed_n", "packed_tok_s_mean", "packed_tok_s_std", "packed_status",
                        "packed_over_alone", "packed_over_alone_ci_low", "packed_over_alone_ci_high",
@@ -244,18 +245,19 @@ def cross_host(df: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
-def scheduling(c: ConfigResult) -> str | None:
+def scheduling(c: ConfigResult, host: dict[str, Any] | None = None) -> str | None:
     """The SGLang scheduling path of a speculative config, from what its config.json records: `no_overlap` when
-    its server arguments carry --disable-overlap-schedule or its environment does not turn SGLANG_ENABLE_SPEC_V2
-    on (`1` or `true`, as SGLang reads it), else `overlap`. None when it cannot be told: another engine, or
-    config.json lost."""
+    its server arguments carry --disable-overlap-schedule or its host's build forces DFlash off overlap
+    (`host.json` engine.features.dflash_overlap false: SGLang up to 0.5.13), else `overlap`. None when it cannot
+    be told: another engine, or config.json lost."""
     cfg = c.config
-    args, env = cfg.get("server_args"), cfg.get("environment")
-    if c.identity()["engine"] != "sglang" or not isinstance(args, list) or not isinstance(env, dict):
+    args = cfg.get("server_args")
+    if c.identity()["engine"] != "sglang" or not isinstance(args, list):
         return None
     if NO_OVERLAP_FLAG in args or NO_OVERLAP_FLAG in (cfg.get("command") or []):
         return "no_overlap"
-    return "overlap" if str(env.get(SPEC_V2, "")).strip().lower() in ("1", "true") else "no_overlap"
+    features = ((host or {}).get("engine") or {}).get("features") or {}
+    return "no_overlap" if features.get("dflash_overlap") is False else "overlap"
 
 
 def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
@@ -275,7 +277,7 @@ def ddtree_vs_dflash(run: Run, df: pd.DataFrame | None = None) -> pd.DataFrame:
     if df.empty:
         return pd.DataFrame(rows, columns=VS_COLUMNS)
     samples = {(s["host"], s["config_id"], *records.cell_key(s)): s["tok"] for s in _samples(run)}
-    paths = {(c.host, c.config_id): scheduling(c) for c in run.configs}
+    paths = {(c.host, c.config_id): scheduling(c, run.hosts.get(c.host)) for c in run.configs}
     method = df["method"].to_numpy()
     group = df.groupby(CELL, sort=False, dropna=False).ngroup().to_numpy()  # numbered as they first appear
     members: dict[int, list[int]] = {}
@@ -511,7 +513,8 @@ def vs_markdown(run: Run, vs: pd.DataFrame, wide: bool = True) -> list[str]:
           *_text("Per host, tp and cell: each DDTree config's tok/s (mean ± sample std), its speedup over the baseline "
                  "and DDTree ÷ DFlash tok/s for every DFlash config, each ratio with its 95% interval (as for the "
                  "speedup). DDTree runs without overlap scheduling; *same path* marks the DFlash config that does too "
-                 f"(`{NO_OVERLAP_FLAG}` in its server arguments, or no `{SPEC_V2}` in its environment).", wide)]
+                 f"(`{NO_OVERLAP_FLAG}` in its server arguments, or an SGLang build up to 0.5.13, which runs "
+                 "DFlash without overlap always).", wide)]
     groups: dict[int, list[dict[str, Any]]] = {}
     for g, r in zip(vs.groupby(CELL, sort=False, dropna=False).ngroup().tolist(), _records(vs)):
         groups.setdefault(g, []).append(r)  # numbered as they first appear

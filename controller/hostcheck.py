@@ -57,7 +57,7 @@ def recorded(results: Path, host: str) -> tuple[dict[str, Any], str] | None:
     totals = [d.get("memory.total") for d in (info.get("gpus") or {}).get("devices") or []
               if isinstance(d.get("memory.total"), int)]
     data = {"engine": {"version": eng.get("version"), "flags": eng["help"].get("flags") or [],
-                       "choices": eng["help"].get("choices") or {}},
+                       "choices": eng["help"].get("choices") or {}, "features": eng.get("features") or {}},
             "models": {k: info[k] for k in ("model", "draft_model") if isinstance(info.get(k), dict)},
             "gpu_memory_mib": min(totals) if totals else None}
     what = " ".join(str(build[k]) for k in ("refspec", "ref") if build.get(k))
@@ -71,7 +71,7 @@ def engine_help(answer: Any) -> dict[str, Any] | None:
     eng = (parse(answer)[0] or {}).get("engine") or {}
     if eng.get("error") or not eng.get("flags"):
         return None
-    return {k: eng.get(k) for k in ("python", "module", "version", "flags", "choices", "key")}
+    return {k: eng.get(k) for k in ("python", "module", "version", "flags", "choices", "features", "key")}
 
 
 def assess(configs: list[dict[str, Any]], answer: Any, engine: str, gpu_memory_mib: int,
@@ -102,6 +102,27 @@ def assess(configs: list[dict[str, Any]], answer: Any, engine: str, gpu_memory_m
             check.fit, check.fit_line = _fit(cfg, engine, models, gpu_mib)
             check.fit_line += source if check.fit is not None else ""
         out[cfg["config_id"]] = check
+    if (eng.get("features") or {}).get("dflash_overlap") is False:
+        for twin, first in same_servers(configs).items():
+            out[twin].engine_line += (f"; the same server as {first} on this build (it runs DFlash without overlap "
+                                      "scheduling always: SGLang up to 0.5.13)")
+    return out
+
+
+def same_servers(configs: list[dict[str, Any]]) -> dict[str, str]:
+    """DFlash configs whose commands differ only by --disable-overlap-schedule, each mapped to the first of its
+    kind: one server on a build that never overlaps DFlash."""
+    seen: dict[tuple[str, ...], str] = {}
+    out: dict[str, str] = {}
+    for cfg in configs:
+        if cfg.get("method") != "dflash":
+            continue
+        key = (str(cfg.get("tp")), *(a for a in cfg["command"] if a != "--disable-overlap-schedule"),
+               json.dumps(cfg.get("env") or {}, sort_keys=True), json.dumps(cfg.get("cells") or [], sort_keys=True))
+        if key in seen:
+            out[cfg["config_id"]] = seen[key]
+        else:
+            seen[key] = cfg["config_id"]
     return out
 
 

@@ -17,13 +17,13 @@ COVERED: dict[str, list[str]] = {
     "ansible-playbook bench.yml -l local --check": ["tests/playbooks/test_readme_local.py::"
                                                     "test_check_mode_starts_nothing"],
     "ansible-playbook bench.yml -l local -e run_id=<id>": [
-        "tests/playbooks/test_readme_local.py::test_resume_keeps_every_config_then_force_runs_them_all_again"],
-    "ansible-playbook bench.yml -l local -e run_id=<id> -e force=true": [
-        "tests/playbooks/test_readme_local.py::test_resume_keeps_every_config_then_force_runs_them_all_again"],
+        "tests/playbooks/test_readme_local.py::test_resume_keeps_every_config_then_force_measures_one_again"],
+    "ansible-playbook bench.yml -l local -e run_id=<id> -e force=true -e configs=ngram-k2": [
+        "tests/playbooks/test_readme_local.py::test_resume_keeps_every_config_then_force_measures_one_again"],
     "specfleet report results/<id> --format md|csv|json": [
         "tests/playbooks/test_readme_local.py::test_collector_report_in_each_format"],
     "specfleet compare results/<old-id> results/<id>": [
-        "tests/playbooks/test_readme_local.py::test_resume_keeps_every_config_then_force_runs_them_all_again"],
+        "tests/playbooks/test_readme_local.py::test_resume_keeps_every_config_then_force_measures_one_again"],
     "ansible-playbook bench.yml -l ct200 -e plan=true": [
         "tests/playbooks/test_readme_local.py::test_plan_for_ct200_prints_every_config_without_connecting"],
     "ansible-playbook bench.yml -l ct200 -e plan=true -e phases=tp1": [

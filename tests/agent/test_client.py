@@ -107,6 +107,21 @@ def test_sglang_generate_stream_counts_from_meta_info() -> None:
     assert res["ttft_s"] == 0.2 and res["output_tok_s"] == pytest.approx(18.0)
     assert res["accept_length"] == 3.0 and res["finish_reason"] == "length"
     assert res["itl_mean_s"] == pytest.approx((0.1 + 0.2) / 8)
-    # spec_verify_ct 3 for 9 tokens: 3 steps, 6 accepted drafts (accept_length = 9 / 3, the bonus included)
-    assert (res["spec_steps"], res["spec_accepted_tokens"]) == (3, 6)
+    # spec_verify_ct 3 for 9 tokens and no count of accepted drafts: the first token is prefill's, each step gives
+    # 1 + its accepted drafts: 9 - 1 - 3 = 5 (the server's accept_length, 9 / 3, counts the prefill token too)
+    assert (res["spec_steps"], res["spec_accepted_tokens"]) == (3, 5)
     assert res["chunk_gap_mean_s"] == pytest.approx(0.15) and res["chunk_tokens_mean"] == 4
+
+
+@pytest.mark.parametrize("fields, accepted", [
+    ({"spec_accepted_drafts": 4}, 4),                                   # 0.5.11
+    ({"spec_num_correct_drafts": 5, "spec_accepted_drafts": 5}, 5),     # 0.5.15: the new name and its alias
+    ({"spec_num_correct_drafts": 3}, 3),                                # 0.5.23: the new name only
+])
+def test_sglang_accepted_drafts_are_the_servers_own_count(fields: dict[str, int], accepted: int) -> None:
+    meta = {"prompt_tokens": 12, "completion_tokens": 9, "finish_reason": {"type": "length", "length": 9},
+            "spec_verify_ct": 3, "spec_accept_length": 3.0, **fields}
+    res = replay("sglang", [(0.2, json.dumps({"text": "a", "meta_info": {**meta, "completion_tokens": 1,
+                                                                          "finish_reason": None}})),
+                            (0.4, json.dumps({"text": "abc", "meta_info": meta})), (0.4, "[DONE]")])
+    assert res["ok"] and (res["spec_steps"], res["spec_accepted_tokens"]) == (3, accepted)

@@ -117,3 +117,24 @@ def test_host_load_splits_engine_and_other_cpu(tmp_path: Path) -> None:
     assert got is not None and (got["engine_cpu_s"], got["other_cpu_s"], got["other_cpus"]) == (12.0, 8.0, 0.8)
     assert (got["loadavg_1m_start"], got["loadavg_1m_end"]) == (0.5, 1.75)
     assert hostload.summary(None, after, 10.0) is None
+
+
+SGLANG = ENGINES["sglang"]
+
+
+def test_sglang_verify_steps_are_checked_where_the_server_counts_them() -> None:
+    """SGLang 0.5.15 on counts verify steps (`sglang:spec_verify_calls_total`, per finished request): the rows'
+    steps must sum to its delta; a build without the counter leaves the check out."""
+    text = ('sglang:generation_tokens_total{model_name="m"} %d\nsglang:num_requests_total{model_name="m"} %d\n'
+            'sglang:spec_verify_calls_total{model_name="m"} %d\n')
+    before = counters.parse(text % (10, 1, 4), SGLANG.counters or {})
+    after = counters.parse(text % (74, 3, 30), SGLANG.counters or {})
+    got = counters.check(before, after, rows([32, 32], [12, 14], [19, 17]), speculative=True)
+    assert got["verdict"] == "ok" and got["verify_steps"] == {"server": 26, "rows": 26, "ok": True}
+    got = counters.check(before, after, rows([32, 32], [12, 13], [19, 18]), speculative=True)
+    assert got["verdict"] == "suspect" and "verify_steps: server 26 vs rows 25" in got["why"]
+    old = text.rsplit("sglang:spec_verify", 1)[0]  # 0.5.11: no such counter
+    got = counters.check(counters.parse(old % (10, 1), SGLANG.counters or {}),
+                         counters.parse(old % (74, 3), SGLANG.counters or {}), rows([32, 32], [12, 14], [19, 17]),
+                         speculative=True)
+    assert got["verdict"] == "ok" and "verify_steps" not in got

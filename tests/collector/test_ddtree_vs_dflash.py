@@ -29,7 +29,7 @@ from controller import matrix
 from tests.controller.test_matrix import suite_from_host_vars
 
 HOST, MAX_TOKENS = "gpu1", 64
-DFLASH = [{"method": "dflash", "block_size": 16, "id": "spec2", "env": {"SGLANG_ENABLE_SPEC_V2": "1"}},
+DFLASH = [{"method": "dflash", "block_size": 16, "id": "spec2"},
           {"method": "dflash", "block_size": 16, "id": "plain", "server_args": ["--disable-overlap-schedule"]}]
 DDTREE = [{"method": "ddtree", "budget": b, "block_size": 16, "server_args": ["--page-size", "1"]} for b in (8, 16, 32)]
 # Every sample list is mean × (5/6, 1, 7/6): relative std 1/6, so each mean's squared relative standard error is
@@ -241,34 +241,39 @@ def test_no_ddtree_no_view(tmp_path: Path) -> None:
     assert (run_dir / "report.csv").is_file()
 
 
-@pytest.mark.parametrize(("server_args", "env", "engine", "want"), [
-    (["--disable-overlap-schedule"], {"SGLANG_ENABLE_SPEC_V2": "1"}, "sglang", "no_overlap"),  # the flag wins
-    ([], {}, "sglang", "no_overlap"),  # spec v1: SGLang turns overlap off for speculative decoding
-    ([], {"SGLANG_ENABLE_SPEC_V2": "0"}, "sglang", "no_overlap"),
-    ([], {"SGLANG_ENABLE_SPEC_V2": "True"}, "sglang", "overlap"),
-    ([], {"SGLANG_ENABLE_SPEC_V2": "1"}, "vllm", None),  # not an SGLang config: cannot be told
-    (None, None, "sglang", None),  # config.json lost
+@pytest.mark.parametrize(("server_args", "env", "engine", "features", "want"), [
+    (["--disable-overlap-schedule"], {}, "sglang", {"dflash_overlap": True}, "no_overlap"),  # the flag
+    ([], {}, "sglang", {"dflash_overlap": True}, "overlap"),  # 0.5.14 on: overlapped by default
+    ([], {}, "sglang", None, "overlap"),  # a host.json without the build's features: the default of today's builds
+    ([], {}, "sglang", {"dflash_overlap": False}, "no_overlap"),  # up to 0.5.13 the server forces it off
+    ([], {"SGLANG_ENABLE_SPEC_V2": "0"}, "sglang", {"dflash_overlap": True}, "overlap"),  # never read for DFlash
+    ([], {"SGLANG_ENABLE_SPEC_V2": "1"}, "sglang", {"dflash_overlap": False}, "no_overlap"),
+    ([], {}, "vllm", None, None),  # not an SGLang config: cannot be told
+    (None, None, "sglang", None, None),  # config.json lost
 ])
 def test_scheduling_path_from_the_records(tmp_path: Path, server_args: Optional[list[str]],
-                                          env: Optional[dict[str, str]], engine: str, want: Optional[str]) -> None:
-    """The path is read from config.json's server_args and environment, never from the config's id."""
+                                          env: Optional[dict[str, str]], engine: str,
+                                          features: Optional[dict[str, bool]], want: Optional[str]) -> None:
+    """The path is read from config.json's server_args and the host's build, never from the config's id or from
+    SGLANG_ENABLE_SPEC_V2 (which DFlash never read, and which 0.5.14 removed)."""
     run_dir = write_run(tmp_path, ddtree=[])
     path = run_dir / HOST / "tp1-plain" / "config.json"
     config = json.loads(path.read_text())
-    assert config["server_args"][-1] == "--disable-overlap-schedule" and "SGLANG_ENABLE_SPEC_V2" not in config[
-        "environment"]  # as the agent recorded it
+    assert config["server_args"][-1] == "--disable-overlap-schedule"  # as the agent recorded it
     if server_args is None:
         path.unlink()
     else:
         write_json(path, {**config, "engine": engine, "server_args": server_args, "environment": env,
                           "command": [a for a in config["command"] if a != "--disable-overlap-schedule"]})
-    c = next(c for c in load_run(run_dir).configs if c.config_id == "tp1-plain")
-    assert scheduling(c) == want
+    loaded = load_run(run_dir)
+    c = next(c for c in loaded.configs if c.config_id == "tp1-plain")
+    host = {"engine": {"features": features}} if features is not None else loaded.hosts.get(HOST)
+    assert scheduling(c, host) == want
 
 
 def test_ct200_profile_pairs_ddtree_with_its_non_overlap_dflash(tmp_path: Path) -> None:
     """The ct200 profile's records, as the agent writes them: in every phase the DFlash config with
-    --disable-overlap-schedule and no spec v2 is on DDTree's path, the spec-v2 one is not."""
+    --disable-overlap-schedule is on DDTree's path, the other is not (the pull request's build: 0.5.15)."""
     configs = matrix.expand(suite_from_host_vars("ct200"))
     store = HostStore(tmp_path / "results" / "run-ct200", "ct200")
     host = Host(suite={}, engine=ENGINES["sglang"], store=store, engine_info={"version": "0.5.10"})

@@ -43,7 +43,7 @@ CRASH_LOG = "INFO loading weights\nRuntimeError: CUDA graph capture failed <at> 
 
 def phase(name: str, tp: int, concurrency: bool) -> dict[str, Any]:
     configs = [{"method": "autoregressive"},
-               {"method": "dflash", "block_size": 16, "id": "dflash", "env": {"SGLANG_ENABLE_SPEC_V2": "1"}},
+               {"method": "dflash", "block_size": 16, "id": "dflash"},
                {"method": "dflash", "block_size": 16, "id": "dflash-nooverlap",
                 "server_args": ["--disable-overlap-schedule"]},
                *[{"method": "ddtree", "budget": b, "block_size": 16} for b in BUDGETS]]

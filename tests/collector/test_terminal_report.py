@@ -37,7 +37,7 @@ CONFIGS: list[dict[str, Any]] = [
      "id": LONG_ID},
     *({"method": "ddtree", "budget": b, "block_size": 16, "server_args": ["--page-size", "1"]} for b in BUDGETS),
     {"method": "dflash", "block_size": 16, "id": "dflash-nooverlap", "server_args": ["--disable-overlap-schedule"]},
-    {"method": "dflash", "block_size": 16, "id": "dflash", "env": {"SGLANG_ENABLE_SPEC_V2": "1"}},
+    {"method": "dflash", "block_size": 16, "id": "dflash"},
 ]
 # Base tok/s of each label (the baseline 12); a sample is base × (5/6, 1, 7/6) on gpu-node-a, × 1.5 on gpu-node-b
 SPEED = {"autoregressive": 12.0, LONG_ID: 15.0, "dflash": 24.0, "dflash-nooverlap": 18.0, "ddtree-b8": 36.0,

@@ -200,3 +200,23 @@ def test_an_unreachable_host_is_judged_by_what_its_last_run_recorded(host: dict[
     assert f"engine: supported by sglang 0.5.11 {src}" in block(text, "tp1-dflash")
     assert "memory: fits: budget 89.4 GiB × 0.80" in block(text, "tp1-dflash") and text.count(src) == 18
     assert res["engine_help"] is None        # only a live answer is handed to the agent
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_dflash_twins_are_one_server_on_a_build_that_never_overlaps_dflash(host: dict[str, Any],
+                                                                          overlap: bool) -> None:
+    """Up to SGLang 0.5.13 the server forces DFlash off overlap scheduling (the build's source says so:
+    probe.sglang_source): `dflash` and `dflash-nooverlap` then run the same server, and the plan says so."""
+    inner = asker(host["root"], V0511)
+
+    def ask(python: str, request: dict[str, Any]) -> dict[str, Any]:
+        answer = inner(python, request)
+        out = json.loads(answer["stdout"])
+        out["engine"]["features"] = {"algorithms": ["DFLASH"], "dflash_overlap": overlap}
+        return {**answer, "stdout": json.dumps(out)}
+    res = build(host["suite"], ask)
+    text = "\n".join(res["plan_lines"])
+    for tp in (1, 4, 8):
+        said = "the same server as " + f"tp{tp}-dflash on this build" in block(text, f"tp{tp}-dflash-nooverlap")
+        assert said is not overlap, block(text, f"tp{tp}-dflash-nooverlap")
+        assert "the same server" not in block(text, f"tp{tp}-dflash")

@@ -15,7 +15,7 @@ CT200_ARGS = ["--mem-fraction-static", "0.80", "--attention-backend", "flashinfe
 def test_the_sglang_methods_of_ct200_run_end_to_end(bench: Bench) -> None:
     run = "it-sglang"
     configs = [{"method": "autoregressive"},
-               {"method": "dflash", "block_size": 16, "id": "dflash", "env": {"SGLANG_ENABLE_SPEC_V2": "1"}},
+               {"method": "dflash", "block_size": 16, "id": "dflash"},
                {"method": "dflash", "block_size": 16, "id": "dflash-nooverlap",
                 "server_args": ["--disable-overlap-schedule"]},
                {"method": "ddtree", "budget": 8, "block_size": 16, "server_args": ["--page-size", "1"],
@@ -35,6 +35,8 @@ def test_the_sglang_methods_of_ct200_run_end_to_end(bench: Bench) -> None:
         status = json.loads((host / cid / "status.json").read_text())
         assert status["status"] == "ok", status
         assert status["counters"]["verdict"] == "ok", status["counters"]  # sglang:* counters against the rows
+        # the server's verify steps (0.5.15 on) against the rows' own, from each request's meta_info
+        assert ("verify_steps" in status["counters"]) == (cid != "tp1-autoregressive"), status["counters"]
         command = json.loads((host / cid / "config.json").read_text())["command"]
         assert command[1:3] == ["-m", "sglang.launch_server"] and "--enable-metrics" in command
     ddtree = json.loads((host / "tp1-ddtree-b16/config.json").read_text())["command"]

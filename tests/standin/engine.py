@@ -60,6 +60,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -331,6 +332,12 @@ class Engine:
         self.lock = threading.Lock()
         self.faults = Faults()
 
+    def at_least(self, version: str) -> bool:
+        """Whether the version answered (STANDIN_VERSION, else the dialect's) is `version` or newer."""
+        def parts(v: str) -> Tuple[int, ...]:
+            return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
+        return parts(os.environ.get("STANDIN_VERSION") or self.d.version) >= parts(version)
+
     def draft_tokens(self) -> int:
         if not self.spec:
             return 0
@@ -366,6 +373,8 @@ class Engine:
             labels = f'model_name="{self.model}"'
             rows = [("generation_tokens_total", c["generation"], labels),
                     ("prompt_tokens_total", c["prompt"], labels), ("num_requests_total", c["requests"], labels)]
+            if self.at_least("0.5.15"):
+                rows.append(("spec_verify_calls_total", c["drafts"], labels))
             prefix = "sglang:"
         return "".join(f"# HELP {prefix}{n} stand-in counter\n# TYPE {prefix}{n} counter\n"
                        f"{prefix}{n}{{{lab}}} {float(v)}\n" for n, v, lab in rows)
@@ -497,9 +506,14 @@ def handler(e: Engine) -> type:
                 if done == n:
                     meta["finish_reason"] = {"type": "length", "length": n}
                     meta["e2e_latency"] = time.monotonic() - t0
-                    if e.spec and i:
+                    if e.spec and i:  # the names of the version answered (tests/standin/test_sglang_source.py)
+                        correct = n - 1 - i  # the first token is prefill's
                         meta.update(spec_verify_ct=i, spec_accept_length=n / i,
-                                    spec_accept_rate=max(0, n - 1 - i) / (i * e.k), spec_num_correct_drafts=n - 1 - i)
+                                    spec_accept_rate=max(0, correct) / (i * e.k))
+                        if e.at_least("0.5.15"):
+                            meta.update(spec_num_correct_drafts=correct, spec_num_proposed_drafts=i * e.k)
+                        if not e.at_least("0.5.23"):
+                            meta.update(spec_accepted_drafts=correct, spec_proposed_drafts=i * e.k)
                     e.count(len(ids), n, i)
                 self.event({"text": " tok" * done, "output_ids": list(out_ids), "meta_info": meta},
                            cut=fault == "malformed" and i == 1)
