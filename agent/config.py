@@ -150,6 +150,9 @@ def preflight(host: Host, cfg: Mapping[str, Any], slot: Optional[Slot] = None) -
             return Result(Outcome.SKIPPED, Reason.UNSUPPORTED_FLAG, f"{detail} (skip_unsupported)",
                           fields={"unsupported_flags": missing})
         return Result.failed(Reason.UNSUPPORTED_FLAG, detail, unsupported_flags=missing)
+    limits = probe.build_limits(cfg, host.features)
+    if limits:
+        return Result.failed(Reason.PROMPT_BUILD_FAILED, "; ".join(limits))
     if host.gpu_count and cfg["tp"] > host.gpu_count:
         return Result.failed(Reason.DOES_NOT_FIT, f"tp {cfg['tp']} needs {cfg['tp']} GPUs; this host has "
                                                   f"{host.gpu_count}")

@@ -99,6 +99,16 @@ def sglang_source(package: Optional[str]) -> Dict[str, Any]:
             "verify_counter": SGLANG_VERIFY_COUNTER in metrics}
 
 
+def build_limits(cfg: Mapping[str, Any], features: Mapping[str, Any]) -> List[str]:
+    """What a config asks of the engine's API that this build lacks, one line each (empty when the build's source
+    was not read): chat workloads need `/tokenize` with `messages` (SGLang 0.5.15 on)."""
+    if features.get("tokenize_messages") is not False:
+        return []
+    prompts = cfg.get("prompts") or {}
+    chat = sorted({c["workload"] for c in cfg.get("cells") or [] if isinstance(prompts.get(c["workload"]), list)})
+    return [f"chat workload {w!r}: this build's /tokenize takes no messages (SGLang 0.5.15 on)" for w in chat]
+
+
 def with_source_choices(choices: Mapping[str, Sequence[str]], features: Mapping[str, Any]) -> Dict[str, List[str]]:
     """The help's choices, and where `--speculative-algorithm` is a free string (SGLang 0.5.14 on), the
     algorithms the build's source knows: a DDTREE config on a build without DDTree is refused either way."""

@@ -23,6 +23,7 @@ class Check:
     engine_line: str = ""
     fit: fit.Fit | None = None
     fit_line: str = ""
+    limits: list[str] = field(default_factory=list)  # what it asks of the engine's API that the build lacks
 
 
 def parse(answer: Any) -> tuple[dict[str, Any] | None, str]:
@@ -98,6 +99,7 @@ def assess(configs: list[dict[str, Any]], answer: Any, engine: str, gpu_memory_m
             check.supported = not check.unsupported
             check.engine_line = (f"supported by {version}" if check.supported else
                                  f"unsupported_flag: {', '.join(check.unsupported)} not known to {version}") + source
+            check.limits = probe.build_limits(cfg, eng.get("features") or {})
         if data is not None:
             check.fit, check.fit_line = _fit(cfg, engine, models, gpu_mib)
             check.fit_line += source if check.fit is not None else ""

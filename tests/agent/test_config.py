@@ -276,6 +276,22 @@ def test_preflight_names_a_flag_the_engine_does_not_know(tmp_path: Path) -> None
     assert "unknown version" in preflight(host, configs["tp1-ngram-k3"]).detail
 
 
+def test_preflight_refuses_chat_prompts_a_build_cannot_tokenize(tmp_path: Path) -> None:
+    """A build whose /tokenize takes no `messages` (its source says so: SGLang before 0.5.15) cannot build a chat
+    workload's prompt: the config fails before its server starts, naming the workload."""
+    host, configs = setup(tmp_path, write_engine(tmp_path / "engine"))
+    cfg = dict(configs["tp1-autoregressive"])
+    cfg["prompts"] = {**cfg["prompts"], cfg["cells"][0]["workload"]: [{"role": "user", "content": "hi"}]}
+    host.features = {"tokenize_messages": True}
+    assert preflight(host, cfg) is None
+    host.features = {"tokenize_messages": False}
+    res = preflight(host, cfg)
+    assert res is not None and res.status == Outcome.FAILED and res.reason == Reason.PROMPT_BUILD_FAILED
+    assert res.detail == (f"chat workload {cfg['cells'][0]['workload']!r}: this build's /tokenize takes no messages "
+                          "(SGLang 0.5.15 on)")
+    assert preflight(host, configs["tp1-ngram-k3"]) is None  # text prompts only
+
+
 def test_skip_unsupported_records_the_config_skipped_with_the_flag(tmp_path: Path) -> None:
     python = write_engine(tmp_path / "engine", flags=[f for f in FLAGS if f != "--per-request-spec-decode-metrics"])
     host, configs = setup(tmp_path, python)

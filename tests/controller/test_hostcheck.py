@@ -220,3 +220,32 @@ def test_dflash_twins_are_one_server_on_a_build_that_never_overlaps_dflash(host:
         said = "the same server as " + f"tp{tp}-dflash on this build" in block(text, f"tp{tp}-dflash-nooverlap")
         assert said is not overlap, block(text, f"tp{tp}-dflash-nooverlap")
         assert "the same server" not in block(text, f"tp{tp}-dflash")
+
+
+@pytest.mark.parametrize("messages", [False, True])
+def test_chat_workloads_on_a_build_whose_tokenize_takes_no_messages_fail_the_plan(host: dict[str, Any],
+                                                                                 messages: bool) -> None:
+    """Chat prompts are built by the server's /tokenize with `messages` (SGLang 0.5.15 on; 0.5.11 answers 422):
+    on a build without it the plan fails naming each config and workload, before anything starts."""
+    chat = [{"role": "user", "content": "Write a prime sieve in Python."}]
+    workloads = host["root"] / "workloads.jsonl"
+    workloads.write_text(json.dumps({"name": "primes", "messages": chat}) + "\n")
+    suite = {**host["suite"], "workloads_file": str(workloads)}
+    suite["phases"] = [{**p, "sweeps": [*p["sweeps"], {"name": "chat", "workloads": ["primes"], "max_tokens": [64],
+                                                        "methods": ["dflash"]}]} for p in suite["phases"]]
+    inner = asker(host["root"], V0511)
+
+    def ask(python: str, request: dict[str, Any]) -> dict[str, Any]:
+        answer = inner(python, request)
+        out = json.loads(answer["stdout"])
+        out["engine"]["features"] = {"algorithms": ["DFLASH"], "tokenize_messages": messages}
+        return {**answer, "stdout": json.dumps(out)}
+    res = build(suite, ask, phases="tp1")
+    if messages:
+        assert not res.get("failed"), res.get("msg")
+        return
+    assert res["failed"] and "nothing was started" in res["msg"]
+    lines = [line.strip() for line in res["msg"].splitlines()[1:]]
+    # the baseline measures every cell its phase's configs measure: it has the chat cells too
+    assert lines == [f"{cid}: chat workload 'primes': this build's /tokenize takes no messages (SGLang 0.5.15 on)"
+                     for cid in ("tp1-autoregressive", "tp1-dflash")], lines
