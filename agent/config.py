@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Set
 
-from . import fit, gpu, gpusample, probe
+from . import fit, gpu, gpusample, probe, startup
 from .classify import Reason, classify, tail
 from .engines import PORT, Engine
 from .measure import Endpoint, Measured, PromptError, measure
@@ -206,6 +206,7 @@ def _serve(host: Host, cfg: Mapping[str, Any], folder: Path, port: int, slot: Op
     out = Measured([])
     ready_s = None
     busy, held, gate_wait_s = host.busy, False, None
+    launched = time.time()
     try:
         with server:
             gate_failed = (lambda: busy.gate_failed(cfg["config_id"])) if busy is not None else (lambda: False)
@@ -264,6 +265,9 @@ def _serve(host: Host, cfg: Mapping[str, Any], folder: Path, port: int, slot: Op
         notes.append(f"{len(server.survivors)} process(es) outlived the server (left its process group or "
                      f"unit) and were killed: {what}")
     log_text = _scrubbed_log(server.log_path, host.secrets(cfg))
+    marks = startup.phases(log_text, host.engine.name, launched)
+    if marks:
+        out.fields["startup"] = marks
     outcome = Outcome.SKIPPED if held else Outcome.FAILED if out.reason else Outcome.OK
     return Result(outcome, out.reason, "; ".join(notes) or None, out.rows,
                   tail(log_text, 40), argv,

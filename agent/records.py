@@ -111,6 +111,8 @@ STATUS = (
     _f("started_at", "string", "UTC, ISO 8601"),
     _f("finished_at", "string", "UTC, ISO 8601"),
     _f("ready_s", "number|null", "seconds from launch to a healthy server"),
+    _f("startup", "object", "where the startup went, from the server's log: seconds from launch to the end of "
+       "each phase found (weights, compile, kv_cache, graphs, serving)", required=False),
     _f("requests", "integer", "request rows written"),
     _f("requests_ok", "integer", "of those, ok"),
     _f("port", "integer", "the server's port", required=False),

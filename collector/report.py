@@ -551,17 +551,26 @@ def vs_markdown(run: Run, vs: pd.DataFrame, wide: bool = True) -> list[str]:
     return md
 
 
+STARTUP_PHASES = ("weights", "compile", "kv_cache", "graphs")  # status.json `startup`, in the order they happen
+
+
 def timing(run: Run) -> pd.DataFrame:
-    """Per config (per host, in _order): engine startup (ready_s), wall time, time in timed requests, and the
-    overhead."""
+    """Per config (per host, in _order): engine startup (ready_s) and, where its log told, the seconds from launch
+    at which its weights were loaded, its model compiled, its KV cache allocated and its graphs captured (a column
+    only where some config has it); wall time, time in timed requests, and the overhead."""
     rows = []
     for c in sorted(run.configs, key=lambda c: (c.host, _config_order(c))):
         st = c.status
         wall, timed = st.get("wall_s"), st.get("timed_s")
+        marks = st.get("startup") if isinstance(st.get("startup"), dict) else {}
         rows.append({"host": c.host, "config_id": c.config_id, "status": st.get("reason") or st.get("status"),
-                     "ready_s": st.get("ready_s"), "wall_s": wall, "timed_s": timed,
+                     **{f"{k}_s": marks.get(k) for k in STARTUP_PHASES}, "ready_s": st.get("ready_s"),
+                     "wall_s": wall, "timed_s": timed,
                      "overhead_s": (wall - timed) if wall is not None and timed is not None else None})
-    return pd.DataFrame(rows, columns=["host", "config_id", "status", "ready_s", "wall_s", "timed_s", "overhead_s"])
+    found = [f"{k}_s" for k in STARTUP_PHASES if any(r[f"{k}_s"] is not None for r in rows)]
+    return pd.DataFrame([{k: v for k, v in r.items() if not k.endswith(tuple(f"{p}_s" for p in STARTUP_PHASES))
+                          or k in found} for r in rows],
+                        columns=["host", "config_id", "status", *found, "ready_s", "wall_s", "timed_s", "overhead_s"])
 
 
 _SCALARS = (str, int, float, bool, type(None))
@@ -679,6 +688,10 @@ def timing_markdown(run: Run, wide: bool) -> list[str]:
     if t.empty:
         return []
     md = ["## Time per config (seconds)", ""]
+    if any(c.endswith("_s") and c.split("_s")[0] in STARTUP_PHASES for c in t.columns):
+        md += _text("Startup, from each server's log: the seconds from launch at which its weights were loaded "
+                    "(weights_s), its model compiled (compile_s), its KV cache allocated (kv_cache_s) and its graphs "
+                    "captured (graphs_s); ready_s when it first answered its health check.", wide) + [""]
     if wide:
         return md + [pipe_table(t, floatfmt=".1f")]
     rows = [{k: _fmt(v, 1) for k, v in r.items()} for r in _records(t)]

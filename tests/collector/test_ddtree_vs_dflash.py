@@ -284,3 +284,21 @@ def test_ct200_profile_pairs_ddtree_with_its_non_overlap_dflash(tmp_path: Path) 
     paths = {c.config_id: scheduling(c) for c in load_run(store.dir.parent).configs}
     assert paths == {f"{tp}-{lab}": ("overlap" if lab == "dflash" else "no_overlap")
                      for tp in ("tp1", "tp4", "tp8") for lab in ("dflash", "dflash-nooverlap")}
+
+
+def test_time_per_config_shows_where_startup_went_where_a_log_told(tmp_path: Path) -> None:
+    """status.json `startup` (agent.startup, from each server's log) becomes the columns of the phases found."""
+    from collector.report import timing
+    run_dir = write_run(tmp_path, ddtree=[])
+    assert [c for c in timing(load_run(run_dir)).columns if c.endswith("_s")] == [
+        "ready_s", "wall_s", "timed_s", "overhead_s"]  # no log told: no startup columns
+    path = run_dir / HOST / "tp1-plain" / "status.json"
+    write_json(path, {**json.loads(path.read_text()), "startup": {"weights": 40.0, "kv_cache": 52.5, "graphs": 180.0,
+                                                                   "serving": 200.0}})
+    t = timing(load_run(run_dir))
+    assert list(t.columns) == ["host", "config_id", "status", "weights_s", "kv_cache_s", "graphs_s", "ready_s",
+                               "wall_s", "timed_s", "overhead_s"]
+    row = t[t["config_id"] == "tp1-plain"].iloc[0]
+    assert (row["weights_s"], row["kv_cache_s"], row["graphs_s"]) == (40.0, 52.5, 180.0)
+    assert t[t["config_id"] == "tp1-autoregressive"]["weights_s"].isna().all()
+    assert "its KV cache allocated (kv_cache_s)" in " ".join(render(load_run(run_dir), "md").split())

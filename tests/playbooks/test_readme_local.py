@@ -132,6 +132,10 @@ def test_the_demo_results_follow_the_contract(demo: Demo) -> None:
         status = json.loads((d / "status.json").read_text())
         assert status["status"] == "ok", status
         assert status["ready_s"] > 1 and status["started_at"] and status["finished_at"]
+        # where the startup went, read from the real engine's log: weights, then the KV cache, then serving
+        marks = status["startup"]
+        assert {"weights", "kv_cache", "serving"} <= set(marks), marks
+        assert 0 < marks["weights"] <= marks["kv_cache"] <= marks["serving"] <= status["ready_s"] + 1, marks
         config = json.loads((d / "config.json").read_text())
         assert config["command"][config["command"].index("--host") + 1] == "127.0.0.1"
         assert "{port}" not in config["command"] and config["environment"]["HF_HUB_OFFLINE"] == "1"
