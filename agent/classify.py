@@ -31,6 +31,7 @@ class Reason(str, enum.Enum):
     REQUESTS_FAILED = "requests_failed"        # no timed request succeeded
     ENGINE_UNAVAILABLE = "engine_unavailable"  # the engine's --help could not be run
     BASELINE_FAILED = "baseline_failed"        # skipped: the phase's autoregressive baseline did not finish ok
+    SAME_SERVER = "same_server"                # skipped: on this build the same server as another config
 
     def __str__(self) -> str:
         return self.value

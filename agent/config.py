@@ -56,6 +56,7 @@ class Host:
     flags: Optional[Set[str]] = None
     choices: Dict[str, List[str]] = field(default_factory=dict)
     features: Dict[str, Any] = field(default_factory=dict)  # what the build's source says it can do (agent.probe)
+    twins: Dict[str, str] = field(default_factory=dict)  # config id -> the config whose server it is on this build
     skip_unsupported: bool = False  # record configs with unknown flags skipped instead of failed
     ports: Set[int] = field(default_factory=set)  # ports of servers running now (packed configs run at once)
     busy: Optional[Busy] = None  # in a packed phase: which configs are up and measuring
@@ -150,6 +151,11 @@ def preflight(host: Host, cfg: Mapping[str, Any], slot: Optional[Slot] = None) -
             return Result(Outcome.SKIPPED, Reason.UNSUPPORTED_FLAG, f"{detail} (skip_unsupported)",
                           fields={"unsupported_flags": missing})
         return Result.failed(Reason.UNSUPPORTED_FLAG, detail, unsupported_flags=missing)
+    first = host.twins.get(cfg["config_id"])
+    if first:
+        return Result(Outcome.SKIPPED, Reason.SAME_SERVER,
+                      f"the same server as {first} on this build (it runs DFlash without overlap scheduling always: "
+                      f"SGLang up to 0.5.13); {first}'s figures are this config's", fields={"same_server_as": first})
     limits = probe.build_limits(cfg, host.features)
     if limits:
         return Result.failed(Reason.PROMPT_BUILD_FAILED, "; ".join(limits))

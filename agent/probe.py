@@ -109,6 +109,23 @@ def build_limits(cfg: Mapping[str, Any], features: Mapping[str, Any]) -> List[st
     return [f"chat workload {w!r}: this build's /tokenize takes no messages (SGLang 0.5.15 on)" for w in chat]
 
 
+def same_servers(configs: Sequence[Mapping[str, Any]]) -> Dict[str, str]:
+    """DFlash configs whose commands differ only by --disable-overlap-schedule, each mapped to the first of its
+    kind: one server on a build that never overlaps DFlash."""
+    seen: Dict[Tuple[str, ...], str] = {}
+    out: Dict[str, str] = {}
+    for cfg in configs:
+        if cfg.get("method") != "dflash":
+            continue
+        key = (str(cfg.get("tp")), *(a for a in cfg["command"] if a != "--disable-overlap-schedule"),
+               json.dumps(cfg.get("env") or {}, sort_keys=True), json.dumps(cfg.get("cells") or [], sort_keys=True))
+        if key in seen:
+            out[cfg["config_id"]] = seen[key]
+        else:
+            seen[key] = cfg["config_id"]
+    return out
+
+
 def with_source_choices(choices: Mapping[str, Sequence[str]], features: Mapping[str, Any]) -> Dict[str, List[str]]:
     """The help's choices, and where `--speculative-algorithm` is a free string (SGLang 0.5.14 on), the
     algorithms the build's source knows: a DDTREE config on a build without DDTree is refused either way."""

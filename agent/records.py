@@ -121,6 +121,8 @@ STATUS = (
     _f("wall_s", "number", "seconds for the whole config", required=False),
     _f("survivors", "array", "processes that outlived the server and were killed", required=False),
     _f("unsupported_flags", "array", "flags the installed engine does not know", required=False),
+    _f("same_server_as", "string", "skipped as `same_server`: the config whose server this one is on this build",
+       required=False),
     _f("memory_fit", "string", "the memory arithmetic of a config refused as does_not_fit", required=False),
     _f("gpu_state", "object",
        "the GPUs during the timed requests, from gpu.jsonl (agent.gpusample.summarize): window_s, interval_s, "

@@ -85,6 +85,8 @@ class Suite:
             info["engine"]["features"] = host.features
             self.keep_help()
         write_json(store.dir / "host.json", info)
+        if host.features.get("dflash_overlap") is False:  # dflash and dflash-nooverlap: one server, run once
+            host.twins = probe.same_servers(self.plan["configs"])
         rows = gpu.parse_query_csv(gpu.query() or "")
         host.idle_gpu = gpu.used_by_index(rows)
         totals = [r["memory.total"] for r in rows if isinstance(r.get("memory.total"), int)]

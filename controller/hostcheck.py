@@ -105,26 +105,9 @@ def assess(configs: list[dict[str, Any]], answer: Any, engine: str, gpu_memory_m
             check.fit_line += source if check.fit is not None else ""
         out[cfg["config_id"]] = check
     if (eng.get("features") or {}).get("dflash_overlap") is False:
-        for twin, first in same_servers(configs).items():
+        for twin, first in probe.same_servers(configs).items():
             out[twin].engine_line += (f"; the same server as {first} on this build (it runs DFlash without overlap "
                                       "scheduling always: SGLang up to 0.5.13)")
-    return out
-
-
-def same_servers(configs: list[dict[str, Any]]) -> dict[str, str]:
-    """DFlash configs whose commands differ only by --disable-overlap-schedule, each mapped to the first of its
-    kind: one server on a build that never overlaps DFlash."""
-    seen: dict[tuple[str, ...], str] = {}
-    out: dict[str, str] = {}
-    for cfg in configs:
-        if cfg.get("method") != "dflash":
-            continue
-        key = (str(cfg.get("tp")), *(a for a in cfg["command"] if a != "--disable-overlap-schedule"),
-               json.dumps(cfg.get("env") or {}, sort_keys=True), json.dumps(cfg.get("cells") or [], sort_keys=True))
-        if key in seen:
-            out[cfg["config_id"]] = seen[key]
-        else:
-            seen[key] = cfg["config_id"]
     return out
 
 

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pytest
 
-from agent import records
+from agent import probe, records
 from agent.classify import Reason
 from agent.client import Measurement
 from agent.config import (
@@ -290,6 +290,26 @@ def test_preflight_refuses_chat_prompts_a_build_cannot_tokenize(tmp_path: Path) 
     assert res.detail == (f"chat workload {cfg['cells'][0]['workload']!r}: this build's /tokenize takes no messages "
                           "(SGLang 0.5.15 on)")
     assert preflight(host, configs["tp1-ngram-k3"]) is None  # text prompts only
+
+
+def test_a_twin_of_an_earlier_config_on_this_build_is_skipped_naming_it(tmp_path: Path) -> None:
+    """On a build that runs DFlash without overlap always, `dflash-nooverlap` is `dflash`'s server: not run twice."""
+    host, configs = setup(tmp_path, write_engine(tmp_path / "engine"))
+    host.twins = {"tp1-ngram-k3": "tp1-autoregressive"}  # any pair: the rule is probe.same_servers' (below)
+    res = preflight(host, configs["tp1-ngram-k3"])
+    assert res is not None and res.status == Outcome.SKIPPED and res.reason == Reason.SAME_SERVER
+    assert res.fields == {"same_server_as": "tp1-autoregressive"} and "tp1-autoregressive's figures" in res.detail
+    assert preflight(host, configs["tp1-autoregressive"]) is None
+
+
+def test_same_servers_pairs_ct200s_dflash_configs_per_tp() -> None:
+    from controller import matrix
+    from tests.controller.test_matrix import suite_from_host_vars
+    configs = matrix.expand(suite_from_host_vars("ct200"))
+    assert probe.same_servers(configs) == {f"{tp}-dflash-nooverlap": f"{tp}-dflash" for tp in ("tp1", "tp4", "tp8")}
+    # a different environment, or other cells, is another measurement
+    changed = [{**c, "env": {**c["env"], "X": "1"}} if c["config_id"] == "tp1-dflash" else c for c in configs]
+    assert "tp1-dflash-nooverlap" not in probe.same_servers(changed)
 
 
 def test_skip_unsupported_records_the_config_skipped_with_the_flag(tmp_path: Path) -> None:
