@@ -553,6 +553,58 @@ class Matrix:
         return Matrix(with_defaults(suite), self.phases, self.file_workloads)
 
 
+# What specfleet sets on every server itself: an override in server_args or env would make the config's label
+# (tp, bind address, GPU slot, method) say one thing and the server do another, or expose it without its key.
+OWNED_FLAGS = {
+    "--host": f"the bind address follows {PREFIX}bind_host",
+    "--port": "the port is chosen per server",
+    "--served-model-name": f"the served name is {PREFIX}model.name",
+    "--api-key": f"the key is {PREFIX}api_key (kept out of logs and records)",
+}
+OWNED_ENV = {
+    "CUDA_VISIBLE_DEVICES": "the GPUs follow the config's slot",
+    "NVIDIA_VISIBLE_DEVICES": "the GPUs follow the config's slot",
+    "VLLM_API_KEY": f"the key is {PREFIX}api_key (kept out of logs and records)",
+}
+
+
+def owned_flags(engine: Any) -> dict[str, str]:
+    """The launch flags specfleet sets for `engine`, each with where its value comes from."""
+    spec = {"vllm": ("--speculative-config",),
+            "sglang": ("--speculative-algorithm", "--speculative-draft-model-path", "--speculative-draft-model",
+                       "--speculative-num-draft-tokens", "--speculative-num-steps", "--speculative-eagle-topk",
+                       "--speculative-ddtree-budget")}.get(engine.name, ())
+    return {**OWNED_FLAGS,
+            **{f: f"the model path is {PREFIX}model.path" for f in (engine.model_flag, "--model", "--model-path")},
+            **{f: "the tensor-parallel size is the phase's tp"
+               for f in (engine.tp_flag, "--tensor-parallel-size", "--tp-size", "--tp", "-tp")},
+            **{f: "speculation follows the config's method and its parameters" for f in spec}}
+
+
+def _override_errors(suite: dict[str, Any], engine: Any) -> list[str]:
+    """server_args and env, at every level, that would override what specfleet sets (a flag's `=value` form
+    and an abbreviation argparse would take for it included)."""
+    owned = owned_flags(engine)
+    places: list[tuple[str, dict[str, Any]]] = [(PREFIX.rstrip("_"), suite)]
+    for i, phase in enumerate(suite["phases"]):
+        places.append((f"{PREFIX}phases[{i}]", phase))
+        places += [(f"{PREFIX}phases[{i}].configs[{j}]", cfg) for j, cfg in enumerate(phase["configs"])]
+    errors = []
+    for where, obj in places:
+        field = f"{where}.server_args" if where != PREFIX.rstrip("_") else f"{PREFIX}server_args"
+        for k, arg in enumerate(obj.get("server_args") or []):
+            name = str(arg).split("=", 1)[0]
+            hit = owned.get(name) or next((why for flag, why in owned.items() if len(name) > 3
+                                          and flag.startswith("--") and flag.startswith(name)), None)
+            if name.startswith("-") and hit:
+                errors.append(f"{field}[{k}]: {name} is set by specfleet ({hit}); allowed: any other flag")
+        env_field = f"{where}.env" if where != PREFIX.rstrip("_") else f"{PREFIX}env"
+        for key in (obj.get("env") or {}):
+            if key in OWNED_ENV:
+                errors.append(f"{env_field}.{key}: set by specfleet ({OWNED_ENV[key]}); allowed: any other variable")
+    return errors
+
+
 def validate(suite: dict[str, Any], phases: list[str] | None = None, *, secrets_hidden: bool = False) -> Matrix:
     """The checked matrix; MatrixError listing every problem, each naming its field. `secrets_hidden`: the
     suite's secrets are already placeholders (secrets.split)."""
@@ -562,6 +614,7 @@ def validate(suite: dict[str, Any], phases: list[str] | None = None, *, secrets_
         raise MatrixError("\n".join(errors))
     errors += _secret_errors(suite, secrets_hidden)
     engine = ENGINES[suite["engine"]]
+    errors += _override_errors(suite, engine)
     taken = {**{w: "a built-in workload" for w in workloads.known()},
              **{w: f"a workload of {PREFIX}workloads" for w in suite["workloads"]}}
     from_file, problems = read_workloads_file(suite["workloads_file"], taken)

@@ -379,3 +379,53 @@ def test_cross_field_problems_are_reported_at_once() -> None:
     fields = [line.split(": ", 1)[0] for line in str(exc.value).splitlines()]
     assert fields == ["bench_phases[0].tp", "bench_phases[0].configs[3]", "bench_phases[0].sweeps[0].workloads[0]",
                       "phases"]
+
+
+# -- what specfleet sets itself ----------------------------------------------------------------------
+LEVELS = {"suite": ("server_args", "env"), "phase": ("phases.0.server_args", "phases.0.env"),
+          "config": ("phases.0.configs.1.server_args", "phases.0.configs.1.env")}
+FIELDS = {"suite": "bench_server_args", "phase": "bench_phases[0].server_args",
+          "config": "bench_phases[0].configs[1].server_args"}
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+@pytest.mark.parametrize("level", list(LEVELS))
+def test_flags_specfleet_sets_are_refused_at_every_level_in_every_form(engine: str, level: str) -> None:
+    """A bind address, port, tp, model path, served name, key or speculative flag in server_args would make the
+    config's label say one thing and the server do another (or expose it without its key): refused, each naming
+    its field and index, as written, as `--flag=value` and as an abbreviation argparse would take."""
+    owned = matrix.owned_flags(matrix.ENGINES[engine])
+    for flag in owned:
+        for args in ([flag, "1"], [f"{flag}=1"], *([[flag[:-1], "1"]] if flag.startswith("--") and len(flag) > 6
+                                                    else [])):
+            s = base()
+            s["engine"] = engine
+            if engine == "vllm":
+                s["phases"][0]["configs"][1] = {"method": "ngram", "num_speculative_tokens": 2, "id": "x"}
+                s["phases"][0]["sweeps"][0]["methods"] = ["x"]
+            _walk(s, LEVELS[level][0])[0][LEVELS[level][0].rsplit(".", 1)[-1]] = ["--enable-metrics", *args]
+            with pytest.raises(matrix.MatrixError) as exc:
+                matrix.validate(s)
+            lines = str(exc.value).splitlines()
+            assert lines == [f"{FIELDS[level]}[1]: {args[0].split('=')[0]} is set by specfleet ({owned[flag]}); "
+                             f"allowed: any other flag"], (flag, args, lines)
+
+
+@pytest.mark.parametrize("level", list(LEVELS))
+@pytest.mark.parametrize("var", ["CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "VLLM_API_KEY"])
+def test_environment_specfleet_sets_is_refused_at_every_level(level: str, var: str) -> None:
+    s = base()
+    _walk(s, LEVELS[level][1])[0][LEVELS[level][1].rsplit(".", 1)[-1]] = {"HF_HUB_OFFLINE": "1", var: "0"}
+    with pytest.raises(matrix.MatrixError) as exc:
+        matrix.validate(s)
+    field = FIELDS[level].replace("server_args", "env")
+    assert str(exc.value).splitlines() == [f"{field}.{var}: set by specfleet ({matrix.OWNED_ENV[var]}); allowed: "
+                                           "any other variable"]
+
+
+def test_flags_that_only_look_alike_pass() -> None:
+    s = base()
+    s["server_args"] = ["--hostname-override", "x", "--port-range=1", "--tp-comm-overlap",
+                        "--model-loader-extra-config", "{}", "--enable-metrics"]
+    s["env"] = {"CUDA_VISIBLE_DEVICES_ORDER": "PCI_BUS_ID", "HF_HUB_OFFLINE": "1"}
+    matrix.validate(s)
