@@ -1,4 +1,4 @@
-"""`python -m agent run|pack|progress|schemas`: the host-side entry points the bench role calls."""
+"""`python -m agent run|pack|progress|hostlock|schemas`: the host-side entry points the bench role calls."""
 from __future__ import annotations
 
 import argparse
@@ -60,6 +60,62 @@ def note_attach(host_dir: Path, invocation: str, state: dict) -> None:
         os.close(fd)
 
 
+SUITE_LOCK, SUITE_STATE = ".suite.lock", ".suite.json"  # in the results root: one suite per host
+
+
+def suite_holder(results: Path) -> dict | None:
+    """The suite that holds this host (its run id, invocation, pid, start), or None when none does. Read only:
+    nothing is created (plan and check mode ask it too)."""
+    try:
+        fd = os.open(results / SUITE_LOCK, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return read_state(results / SUITE_STATE) or {"run_id": None}
+    finally:
+        os.close(fd)
+    return None
+
+
+def busy_message(holder: dict) -> str:
+    run_id = holder.get("run_id") or "?"
+    return (f"this host is running suite {run_id} (invocation {holder.get('invocation') or '?'}, pid "
+            f"{holder.get('pid') or '?'}, since {holder.get('started_at') or '?'}): one suite per host. To follow "
+            f"it: -e run_id={run_id}; to start this one once it ends: -e wait_for_host=true")
+
+
+def take_host(results: Path, host_dir: Path, plan: dict, args: argparse.Namespace, state: dict) -> object | None:
+    """The host-wide lock of a suite, held (by the returned file) until this process exits. Held by another run:
+    None after recording why (this start's state says `refused`), or, with --wait-for-host, wait for it."""
+    lock = open(results / SUITE_LOCK, "a")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = read_state(results / SUITE_STATE)
+        if not args.wait_for_host:
+            message = busy_message(holder)
+            write_json(host_dir / "agent.json", {**state, "state": "refused", "error": message,
+                                                  "finished_at": now_iso()})
+            print(message, file=sys.stderr)
+            lock.close()
+            return None
+        write_json(host_dir / "agent.json", {**state, "waiting_for": holder.get("run_id")})
+        fcntl.flock(lock, fcntl.LOCK_EX)  # queued: the kernel hands the lock over when that suite's agent exits
+    write_json(results / SUITE_STATE, {"run_id": plan["run_id"], "host": plan["host"], "pid": os.getpid(),
+                                       "invocation": args.invocation, "started_at": now_iso()})
+    return lock
+
+
+def show_holder(args: argparse.Namespace) -> int:
+    """`hostlock`: the suite holding this host as JSON ({"held": false} when none)."""
+    holder = suite_holder(Path(args.results))
+    print(json.dumps({"held": holder is not None, **({"holder": holder, "message": busy_message(holder)}
+                                                      if holder is not None else {})}))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     plan = load_plan(Path(args.plan))
     root = Path(args.results) / plan["run_id"]
@@ -73,9 +129,12 @@ def run(args: argparse.Namespace) -> int:
         note_attach(host_dir, args.invocation, state)
         print(f"run {plan['run_id']} is already running on this host (pid {state.get('pid')})", file=sys.stderr)
         return 3
-    become_subreaper()
     state = {"pid": os.getpid(), "run_id": plan["run_id"], "state": "running", "started_at": now_iso(),
              "invocation": args.invocation}
+    suite_lock = take_host(Path(args.results), host_dir, plan, args, state)
+    if suite_lock is None:
+        return 4
+    become_subreaper()
     write_json(host_dir / "agent.json", state)
     try:
         rc = Suite(plan, root, force=args.force, invocation=args.invocation,
@@ -127,7 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--skip-unsupported", action="store_true",
                    help="record configs with flags the engine does not know as skipped, not failed")
     r.add_argument("--invocation", default=uuid.uuid4().hex, help="an id for this start, carried by its events")
+    r.add_argument("--wait-for-host", action="store_true",
+                   help="when another run's suite holds this host, wait for it instead of refusing (exit 4)")
     r.set_defaults(func=run)
+    h = sub.add_parser("hostlock", help="the suite that holds this host, as JSON (read only)")
+    h.add_argument("--results", required=True)
+    h.set_defaults(func=show_holder)
     k = sub.add_parser("pack", help="archive one host's results")
     k.add_argument("--results", required=True)
     k.add_argument("--run-id", required=True)

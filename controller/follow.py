@@ -98,6 +98,8 @@ class Follow:
 
     def died(self, probe: dict[str, Any]) -> str:
         state = probe["state"]
+        if state.get("state") == "refused":  # another run's suite holds the host
+            return f"the agent on {self.host} did not start: {state.get('error') or 'refused'}"
         how = "died" if state.get("state") == "running" else f"ended ({state.get('state')})"
         free = probe.get("free_bytes")
         disk = (f" (the results filesystem on {self.host} is full: {free} bytes free)"

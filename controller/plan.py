@@ -156,6 +156,7 @@ def run_checks(args: dict[str, Any], host: str, problems: list[str]) -> dict[str
     return {"plan_only": switch("plan", args.get("plan", False), problems),
             "force": switch("force", args.get("force", False), problems),
             "skip_unsupported": switch("skip_unsupported", args.get("skip_unsupported", False), problems),
+            "wait_for_host": switch("wait_for_host", args.get("wait_for_host", False), problems),
             "phases": phase_names(args.get("phases"), problems),
             "config_names": names("configs", args.get("configs"), problems, "dflash,ddtree-b16"),
             "sweep_names": names("sweeps", args.get("sweeps"), problems, "short,context"), "run_id": str(run_id)}

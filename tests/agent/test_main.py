@@ -13,6 +13,7 @@ import stat
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
@@ -214,11 +215,72 @@ def test_a_second_run_without_a_state_file_still_exits_3(tmp_path: Path, missing
     assert not (held_lock / "agent.json").exists() and not (held_lock / "events.jsonl").exists()
 
 
-def test_a_run_of_another_run_id_is_not_blocked(tmp_path: Path, missing_engine: str, held_lock: Path) -> None:
+def test_a_run_lock_alone_does_not_block_another_run_id(tmp_path: Path, missing_engine: str,
+                                                       held_lock: Path) -> None:
+    """What holds a host is the suite lock (below); a run's own lock is for its own starts."""
     path = write_plan(tmp_path / "plan.json", make_plan(missing_engine, run_id="run-other"))
     res = agent("run", "--plan", str(path), "--results", str(tmp_path / "results"), "--invocation", "inv-o")
     assert res.returncode == 0, res.stderr
     assert json.loads((tmp_path / "results" / "run-other" / HOST / "agent.json").read_text())["state"] == "finished"
+    # the suite lock was held while it ran, and is free again
+    held = json.loads(agent("hostlock", "--results", str(tmp_path / "results")).stdout)
+    assert held == {"held": False}
+    assert json.loads((tmp_path / "results" / ".suite.json").read_text())["run_id"] == "run-other"
+
+
+@pytest.fixture()
+def busy_host(tmp_path: Path) -> Iterator[Path]:
+    """This host's suite lock, held by this test process as another run's agent would hold it."""
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / ".suite.json").write_text(json.dumps({"run_id": "run-a", "invocation": "inv-a", "pid": 4242,
+                                                     "started_at": "2026-12-05T10:00:00.000+00:00"}))
+    with open(results / ".suite.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        yield results
+
+
+def test_one_suite_per_host_a_second_run_is_refused_naming_the_first(tmp_path: Path, missing_engine: str,
+                                                                    busy_host: Path) -> None:
+    path = write_plan(tmp_path / "plan.json", make_plan(missing_engine, run_id="run-b"))
+    res = agent("run", "--plan", str(path), "--results", str(busy_host), "--invocation", "inv-b")
+    assert res.returncode == 4, (res.stdout, res.stderr)
+    want = ("this host is running suite run-a (invocation inv-a, pid 4242, since 2026-12-05T10:00:00.000+00:00): one "
+            "suite per host. To follow it: -e run_id=run-a; to start this one once it ends: -e wait_for_host=true")
+    assert res.stderr.strip() == want
+    state = json.loads((busy_host / "run-b" / HOST / "agent.json").read_text())
+    assert (state["state"], state["error"], state["invocation"]) == ("refused", want, "inv-b")
+    assert not (busy_host / "run-b" / HOST / "events.jsonl").exists()  # nothing ran
+    # the controller asks first, read only
+    asked = json.loads(agent("hostlock", "--results", str(busy_host)).stdout)
+    assert asked["held"] and asked["holder"]["run_id"] == "run-a" and asked["message"] == want
+    assert json.loads(agent("hostlock", "--results", str(tmp_path / "nowhere")).stdout) == {"held": False}
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_wait_for_host_queues_behind_the_running_suite(tmp_path: Path, missing_engine: str) -> None:
+    results = tmp_path / "results"
+    results.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time\n"
+                               f"f = open({str(results / '.suite.lock')!r}, 'a')\n"
+                               "fcntl.flock(f, fcntl.LOCK_EX)\nprint('held', flush=True)\nsys.stdin.read()\n"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        path = write_plan(tmp_path / "plan.json", make_plan(missing_engine, run_id="run-b"))
+        waiting = subprocess.Popen([sys.executable, "-m", "agent", "run", "--plan", str(path), "--results",
+                                    str(results), "--invocation", "inv-b", "--wait-for-host"], cwd=ROOT,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        state = results / "run-b" / HOST / "agent.json"
+        end = time.monotonic() + 60
+        while not (state.exists() and json.loads(state.read_text()).get("waiting_for", "") is None):
+            assert time.monotonic() < end and waiting.poll() is None, "the second run did not queue"
+            time.sleep(0.05)
+        assert not (results / "run-b" / HOST / "events.jsonl").exists()  # queued: nothing ran yet
+    finally:
+        holder.communicate("", timeout=30)  # the first suite ends: its lock goes
+    assert waiting.wait(timeout=120) == 0, waiting.communicate()[1]
+    assert json.loads(state.read_text())["state"] == "finished"
 
 
 def test_a_run_that_breaks_records_failed_with_the_error(tmp_path: Path, missing_engine: str) -> None:

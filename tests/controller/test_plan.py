@@ -101,9 +101,11 @@ def good_run_args(**extra: Any) -> dict[str, Any]:
 def test_run_checks_normalises_a_valid_invocation() -> None:
     problems: list[str] = []
     out = plan.run_checks(good_run_args(plan="yes", force=0, phases="tp1,tp2", skip_unsupported="true",
-                                        configs="dflash, ddtree-b16", sweeps=["short", 2]), "gpu-01.example", problems)
+                                        wait_for_host="yes", configs="dflash, ddtree-b16", sweeps=["short", 2]),
+                          "gpu-01.example", problems)
     assert problems == []
-    assert out == {"plan_only": True, "force": False, "skip_unsupported": True, "phases": ["tp1", "tp2"],
+    assert out == {"plan_only": True, "force": False, "skip_unsupported": True, "wait_for_host": True,
+                   "phases": ["tp1", "tp2"],
                    "config_names": ["dflash", "ddtree-b16"], "sweep_names": ["short", "2"], "run_id": "r-1.a_b"}
 
 
@@ -111,8 +113,8 @@ def test_run_checks_defaults() -> None:
     problems: list[str] = []
     out = plan.run_checks({"run_id": 20250101, "host_dir": "/x"}, "h", problems)
     assert problems == []
-    assert out == {"plan_only": False, "force": False, "skip_unsupported": False, "phases": None,
-                   "config_names": None, "sweep_names": None, "run_id": "20250101"}
+    assert out == {"plan_only": False, "force": False, "skip_unsupported": False, "wait_for_host": False,
+                   "phases": None, "config_names": None, "sweep_names": None, "run_id": "20250101"}
 
 
 @pytest.mark.parametrize("host", ["bad host", "-leading-dash", "a/b", "x" * 65, "h\n", ""])

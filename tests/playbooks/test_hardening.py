@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from pathlib import Path
 
 from .conftest import Bench, reduced_matrix
@@ -104,3 +105,42 @@ def test_exit_status_follows_bench_fail_on(bench: Bench) -> None:
     assert "0 ok, 1 failed, 1 skipped" in never.stdout
     bad = bench.run({**extra, "bench_fail_on": "sometimes"}, timeout=300)
     assert bad.returncode != 0 and "value of bench_fail_on must be one of: none_ok, any, never" in bad.stdout
+
+
+def test_one_suite_per_host_a_second_run_is_refused_then_queues(bench: Bench) -> None:
+    """A second `bench.yml` with another run id while a suite runs on the host: refused before anything starts on
+    it, naming the running run id and how to follow or queue; with `-e wait_for_host=true` it runs after it."""
+    matrix = reduced_matrix([{"method": "autoregressive"}], workloads=["fib"], context_tokens=[0], concurrency=[1])
+    gate = bench.tmp / "open"  # the first suite's first timed request waits for it: it runs while the others try
+    held = bench.standin(STANDIN_FAULT="gate", STANDIN_GATE=str(gate), STANDIN_FAULT_AFTER_TOKENS="40")
+    first = bench.start({**held, **matrix, "run_id": "it-first"})
+    queued = None
+    try:
+        end = time.monotonic() + 300
+        while not any(e["event"] == "config_ready" for e in bench.events("it-first")):
+            assert first.poll() is None and time.monotonic() < end, "the first suite did not start"
+            time.sleep(0.2)
+        res = bench.run({**bench.standin(), **matrix, "run_id": "it-second"}, timeout=300)
+        assert res.returncode != 0
+        assert ("local: this host is running suite it-first (invocation " in res.stdout
+                and "one suite per host. To follow it: -e run_id=it-first; to start this one once it ends: "
+                    "-e wait_for_host=true" in res.stdout), res.stdout[-3000:]
+        assert not (bench.host_dir / "results" / "it-second").exists()  # nothing on the host, not even a folder
+        assert first.poll() is None  # the running suite goes on
+        queued = bench.start({**bench.standin(), **matrix, "run_id": "it-second", "wait_for_host": True})
+        end = time.monotonic() + 300
+        while not bench.host_run("it-second").joinpath("agent.json").exists():
+            assert queued.poll() is None and time.monotonic() < end, "the queued suite's agent did not start"
+            time.sleep(0.2)
+        assert json.loads(bench.host_run("it-second").joinpath("agent.json").read_text())["waiting_for"] == "it-first"
+    finally:
+        gate.touch()
+        out, _ = first.communicate(timeout=600)
+    assert first.returncode == 0, out[-3000:]
+    assert queued is not None
+    later, _ = queued.communicate(timeout=600)
+    assert queued.returncode == 0, later[-3000:]
+    # the queued suite started its first config only after the first suite had ended
+    ended = max(e["t"] for e in bench.events("it-first") if e["event"] == "suite_end")
+    began = min(e["t"] for e in bench.events("it-second") if e["event"] == "config_start")
+    assert began >= ended
