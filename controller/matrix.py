@@ -11,6 +11,7 @@ import ipaddress
 import json
 import math
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -581,6 +582,49 @@ def owned_flags(engine: Any) -> dict[str, str]:
             **{f: "speculation follows the config's method and its parameters" for f in spec}}
 
 
+LABEL_MAX = 120
+LABEL_TEXT = (f"printable text of at most {LABEL_MAX} characters, without control, format (zero-width, bidirectional) "
+              "or line-separator characters and without leading or trailing spaces")
+
+
+def label_problem(value: str) -> str | None:
+    """Why a name shown in plans, reports and plots is not what it looks like (None when it is fine): Unicode
+    control (Cc), format (Cf: zero-width, bidirectional), surrogate, private-use and unassigned characters and
+    line or paragraph separators; spaces around it; an unreadable length."""
+    bad = [c for c in value if unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")]
+    if bad:
+        return f"holds {', '.join(sorted({f'U+{ord(c):04X}' for c in bad}))}"
+    if value != value.strip():
+        return "has leading or trailing spaces"
+    if len(value) > LABEL_MAX:
+        return f"is {len(value)} characters long"
+    return None
+
+
+def _name_errors(suite: dict[str, Any]) -> list[str]:
+    """Names a reader sees: the suite's, the models', the sweeps' (labels: any readable text); the workloads of
+    bench_workloads (names: as a config id, and not a built-in workload's)."""
+    errors = []
+    labels = [(f"{PREFIX}suite_name", suite.get("suite_name")),
+              *((f"{PREFIX}{k}.name", (suite.get(k) or {}).get("name")) for k in ("model", "draft_model")),
+              *((f"{PREFIX}phases[{i}].sweeps[{j}].name", sw.get("name")) for i, ph in enumerate(suite["phases"])
+                for j, sw in enumerate(ph["sweeps"])),
+              *((f"{PREFIX}phases[{i}].configs[{j}].draft_model.name", (c.get("draft_model") or {}).get("name"))
+                for i, ph in enumerate(suite["phases"]) for j, c in enumerate(ph["configs"]))]
+    for where, value in labels:
+        why = label_problem(value) if isinstance(value, str) else None
+        if why:
+            errors.append(f"{where}: {shown(value, False)} {why}; allowed: {LABEL_TEXT}")
+    builtin = set(workloads.known())
+    for name in suite["workloads"]:
+        if not NAME_RE.match(name):
+            errors.append(f"{PREFIX}workloads.{shown(name, False)}: not a valid workload name; allowed: {NAME_TEXT}")
+        elif name in builtin:
+            errors.append(f"{PREFIX}workloads.{name}: the name of a built-in workload; allowed: another name "
+                          f"(built-in: {', '.join(sorted(builtin))})")
+    return errors
+
+
 def _override_errors(suite: dict[str, Any], engine: Any) -> list[str]:
     """server_args and env, at every level, that would override what specfleet sets (a flag's `=value` form
     and an abbreviation argparse would take for it included)."""
@@ -615,6 +659,7 @@ def validate(suite: dict[str, Any], phases: list[str] | None = None, *, secrets_
     errors += _secret_errors(suite, secrets_hidden)
     engine = ENGINES[suite["engine"]]
     errors += _override_errors(suite, engine)
+    errors += _name_errors(suite)
     taken = {**{w: "a built-in workload" for w in workloads.known()},
              **{w: f"a workload of {PREFIX}workloads" for w in suite["workloads"]}}
     from_file, problems = read_workloads_file(suite["workloads_file"], taken)

@@ -429,3 +429,50 @@ def test_flags_that_only_look_alike_pass() -> None:
                         "--model-loader-extra-config", "{}", "--enable-metrics"]
     s["env"] = {"CUDA_VISIBLE_DEVICES_ORDER": "PCI_BUS_ID", "HF_HUB_OFFLINE": "1"}
     matrix.validate(s)
+
+
+# -- names that are not what they look like ----------------------------------------------------------
+# one of each class: zero-width, bidirectional controls, other format characters, line and paragraph separators,
+# control characters, private use, unassigned; the characters in the middle, at the end, or all there is
+UNSEEN = ["\u200b", "\u200d", "\ufeff", "\u202e", "\u2066", "\u061c", "\u00ad", "\u2028", "\u2029", "\x1b", "\x7f",
+          "\ue000", "\U000e0001", "\u0378"]
+LABEL_FIELDS = {"suite_name": "bench_suite_name", "model.name": "bench_model.name",
+                "draft_model.name": "bench_draft_model.name",
+                "phases.0.sweeps.0.name": "bench_phases[0].sweeps[0].name"}
+
+
+@pytest.mark.parametrize("path", list(LABEL_FIELDS))
+@pytest.mark.parametrize("char", UNSEEN, ids=[f"U+{ord(c):04X}" for c in UNSEEN])
+def test_shown_names_with_unseen_characters_are_refused(path: str, char: str) -> None:
+    for value in (f"cor{char}pus", f"corpus{char}"):
+        s = base()
+        obj, key = _walk(s, path)
+        obj[key] = value
+        with pytest.raises(matrix.MatrixError) as exc:
+            matrix.validate(s)
+        assert str(exc.value).startswith(f"{LABEL_FIELDS[path]}: ") and f"U+{ord(char):04X}" in str(exc.value)
+
+
+@pytest.mark.parametrize("value, why", [(" corpus", "leading or trailing spaces"), ("x" * 121, "121 characters")])
+def test_shown_names_padded_or_unreadably_long_are_refused(value: str, why: str) -> None:
+    s = base()
+    s["suite_name"] = value
+    with pytest.raises(matrix.MatrixError, match=why):
+        matrix.validate(s)
+
+
+@pytest.mark.parametrize("name, why", [("po\u200bem", "not a valid workload name"), ("poem\u202e", "not a valid"),
+                                       ("a b", "not a valid"), ("fib", "the name of a built-in workload")])
+def test_workload_names_are_names_and_not_a_built_in_ones(name: str, why: str) -> None:
+    s = base()
+    s["workloads"] = {name: "Write a poem."}
+    s["phases"][0]["sweeps"][0]["workloads"] = [name]
+    with pytest.raises(matrix.MatrixError) as exc:
+        matrix.validate(s)
+    assert any(line.startswith("bench_workloads.") and why in line for line in str(exc.value).splitlines())
+
+
+def test_readable_unicode_in_shown_names_passes() -> None:
+    s = base()
+    s["suite_name"] = "ct200 — Qwen3.6 27B, DFlash ✓ (Blackwell)"
+    matrix.validate(s)
