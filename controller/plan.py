@@ -20,7 +20,7 @@ from agent.engines import DISTRIBUTIONS, ENGINES
 from agent.store import redact_argv, redact_env
 from agent.systemd import instance_name
 
-from . import estimate, hostcheck, matrix
+from . import estimate, hostcheck, matrix, passthrough
 
 PREFIX = matrix.PREFIX
 ROLE = Path(__file__).resolve().parents[1] / "roles" / "bench"
@@ -297,6 +297,49 @@ def probe_request(suite: Mapping[str, Any], host_dir: str | None = None) -> dict
             "cache": f"{host_dir.rstrip('/')}/cache" if host_dir else None}
 
 
+_UNIT_PATH = re.compile(r"-?/[^\s%\x00-\x1f\x7f]*")
+_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+
+
+def service_problems(service: Mapping[str, Any] | None) -> list[str]:
+    """The values the systemd backend writes into the engine's unit, checked before any host is contacted: a
+    newline there would start a new unit line, a space split one path into two, a `%` be read as a specifier."""
+    if not service:
+        return []
+    out = []
+    user = service.get("user")
+    if not isinstance(user, str) or not _USER.fullmatch(user):
+        out.append(f"{PREFIX}service_user: {_shown(user)} is not a user name; allowed: lowercase letters, digits, "
+                   f"'_' and '-', starting with a letter or '_', at most 32 characters")
+    nofile = service.get("limit_nofile")
+    if isinstance(nofile, bool) or not (isinstance(nofile, int) and nofile >= 1
+                                        or isinstance(nofile, str) and nofile.isdigit() and int(nofile) >= 1):
+        out.append(f"{PREFIX}service_limit_nofile: {_shown(nofile)} is not a positive whole number; allowed: an "
+                   f"integer >= 1")
+    for key in ("read_only_paths", "read_write_paths"):
+        paths = service.get(key)
+        if not isinstance(paths, list):
+            out.append(f"{PREFIX}service_{key}: {_shown(paths)} is not a list; allowed: a list of absolute paths")
+            continue
+        for i, path in enumerate(paths):
+            if not isinstance(path, str) or not _UNIT_PATH.fullmatch(path):
+                out.append(f"{PREFIX}service_{key}[{i}]: {_shown(path)} is not a path the unit can take; allowed: "
+                           f"an absolute path (a leading '-': may be missing) without spaces, control characters "
+                           f"or '%'")
+    entries = service.get("device_allow")
+    if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
+        out.append(f"{PREFIX}service_device_allow: {_shown(entries)} is not a list of strings; allowed: entries "
+                   f"`PATH [ACCESS]` or `char-NAME [ACCESS]`")
+    else:
+        for i, entry in enumerate(entries):
+            if not entry.isprintable():
+                out.append(f"{PREFIX}service_device_allow[{i}]: {_shown(entry)} holds control characters; allowed: "
+                           f"`PATH [ACCESS]` or `char-NAME [ACCESS]` on one line")
+        out += [f"{PREFIX}service_device_allow: {p}" for p in passthrough.device_allow(
+            [e for e in entries if e.isprintable()])["problems"]]
+    return out
+
+
 def build(args: dict[str, Any], task_vars: dict[str, Any], ask: Ask | None = None) -> dict[str, Any]:
     """The action's result: `failed` with every problem, or the configs, the secret-free suite and the plan.
     `ask(python, request)` runs `agent.probe` on the host (the action's connection) once the matrix passed."""
@@ -304,6 +347,7 @@ def build(args: dict[str, Any], task_vars: dict[str, Any], ask: Ask | None = Non
     host = task_vars.get("inventory_hostname", "?")
     problems = unknown_variables(task_vars)
     run = run_checks(args, host, problems)
+    problems += service_problems(args.get("service"))
     if problems:
         return {"failed": True, "msg": f"invalid benchmark matrix for {host}:\n" + "\n".join(problems)}
     try:

@@ -341,3 +341,36 @@ def test_the_plan_warns_about_unpinned_model_revisions() -> None:
     assert plan.unpinned(suite) == []
     lines = plan.describe("h", [], {**suite, "draft_model": {"name": "d", "path": "/d", "revision": "v1"}})
     assert any(line.startswith("    warning: bench_draft_model.revision 'v1'") for line in lines)
+
+
+GOOD_SERVICE = {"user": "specfleet", "limit_nofile": 65536, "read_only_paths": ["/models", "-/opt/venv"],
+                "read_write_paths": [], "device_allow": ["/dev/nvidia[0-9]* rw", "char-nvidia-uvm rw"]}
+
+
+@pytest.mark.parametrize("key, value, field", [
+    ("user", "spec fleet", "bench_service_user"),
+    ("user", "root\nExecStartPre=/bin/sh", "bench_service_user"),
+    ("user", "Specfleet", "bench_service_user"),
+    ("limit_nofile", 0, "bench_service_limit_nofile"),
+    ("limit_nofile", "65536\nUser=root", "bench_service_limit_nofile"),
+    ("limit_nofile", True, "bench_service_limit_nofile"),
+    ("read_only_paths", ["/models\nExecStartPre=/bin/sh"], "bench_service_read_only_paths[0]"),
+    ("read_only_paths", ["models"], "bench_service_read_only_paths[0]"),
+    ("read_write_paths", ["/data/my results"], "bench_service_read_write_paths[0]"),
+    ("read_write_paths", ["/data/%h"], "bench_service_read_write_paths[0]"),
+    ("read_write_paths", "/data", "bench_service_read_write_paths"),
+    ("device_allow", ["/dev/nvidia0 rw\nDeviceAllow=/dev/sda rw"], "bench_service_device_allow[0]"),
+    ("device_allow", ["/dev/nvidia0 rwx"], "bench_service_device_allow"),
+    ("device_allow", ["nvidia0 rw"], "bench_service_device_allow"),
+    ("device_allow", [7], "bench_service_device_allow"),
+])
+def test_values_that_reach_the_unit_are_checked_before_any_host(key: str, value: Any, field: str) -> None:
+    """Each value the systemd backend writes into the engine's unit: a newline would start a unit line of its own,
+    a space split a path, a `%` be read as a specifier. Refused by the plan, before the host is asked anything."""
+    assert plan.service_problems(GOOD_SERVICE) == []
+    problems = plan.service_problems({**GOOD_SERVICE, key: value})
+    assert problems and all(p.startswith(f"{field}") for p in problems), problems
+    asked: list[Any] = []
+    res = plan.build({**good_run_args(), "suite": {}, "service": {**GOOD_SERVICE, key: value}},
+                     {"inventory_hostname": "ct200"}, lambda *a: asked.append(a))
+    assert res["failed"] and field in res["msg"] and asked == []
