@@ -156,9 +156,12 @@ def preflight(host: Host, cfg: Mapping[str, Any], slot: Optional[Slot] = None) -
         return Result(Outcome.SKIPPED, Reason.SAME_SERVER,
                       f"the same server as {first} on this build (it runs DFlash without overlap scheduling always: "
                       f"SGLang up to 0.5.13); {first}'s figures are this config's", fields={"same_server_as": first})
-    limits = probe.build_limits(cfg, host.features)
+    drafter = probe.model(cfg["draft_model"]["path"]) if cfg.get("draft_model") else None
+    limits = probe.build_limits(cfg, host.features, drafter)
     if limits:
-        return Result.failed(Reason.PROMPT_BUILD_FAILED, "; ".join(limits))
+        reason = Reason.INCOMPATIBLE_CONFIG if any(what == "drafter" for what, _ in limits) else \
+            Reason.PROMPT_BUILD_FAILED
+        return Result.failed(reason, "; ".join(why for _, why in limits))
     if host.gpu_count and cfg["tp"] > host.gpu_count:
         return Result.failed(Reason.DOES_NOT_FIT, f"tp {cfg['tp']} needs {cfg['tp']} GPUs; this host has "
                                                   f"{host.gpu_count}")

@@ -28,14 +28,21 @@ class ChunkInfo:
     error: str | None = None
 
 
+def ngram_lookup(params: dict[str, Any]) -> tuple[int, int]:
+    """(prompt_lookup_min, prompt_lookup_max) as the server gets them: what the config gives, else specfleet's
+    defaults (2, and max(k, 2)), which the matrix checks too, so that an implicit bound cannot cross a given one."""
+    k = int(params.get("num_speculative_tokens") or 1)
+    return int(params.get("prompt_lookup_min", 2)), int(params.get("prompt_lookup_max", max(k, 2)))
+
+
 def _spec_args_vllm(method: str, params: dict[str, Any], draft: dict[str, Any] | None) -> list[str]:
     if method == "autoregressive":
         return []
     cfg: dict[str, Any] = {"method": method}
     if method == "ngram":
         k = params["num_speculative_tokens"]
-        cfg.update(num_speculative_tokens=k, prompt_lookup_max=params.get("prompt_lookup_max", max(k, 2)),
-                   prompt_lookup_min=params.get("prompt_lookup_min", 2))
+        lo, hi = ngram_lookup(params)
+        cfg.update(num_speculative_tokens=k, prompt_lookup_max=hi, prompt_lookup_min=lo)
     elif method in ("draft_model", "eagle", "eagle3", "dflash"):
         cfg["model"] = draft["path"] if draft else None
         if method == "dflash":

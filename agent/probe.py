@@ -99,14 +99,25 @@ def sglang_source(package: Optional[str]) -> Dict[str, Any]:
             "verify_counter": SGLANG_VERIFY_COUNTER in metrics}
 
 
-def build_limits(cfg: Mapping[str, Any], features: Mapping[str, Any]) -> List[str]:
-    """What a config asks of the engine's API that this build lacks, one line each (empty when the build's source
-    was not read): chat workloads need `/tokenize` with `messages` (SGLang 0.5.15 on)."""
-    if features.get("tokenize_messages") is not False:
-        return []
-    prompts = cfg.get("prompts") or {}
-    chat = sorted({c["workload"] for c in cfg.get("cells") or [] if isinstance(prompts.get(c["workload"]), list)})
-    return [f"chat workload {w!r}: this build's /tokenize takes no messages (SGLang 0.5.15 on)" for w in chat]
+def build_limits(cfg: Mapping[str, Any], features: Mapping[str, Any],
+                 drafter: Optional[Mapping[str, Any]] = None) -> List[Tuple[str, str]]:
+    """What a config asks that the installed engine or its drafter cannot give, one (what, why) each: chat workloads
+    need `/tokenize` with `messages` (SGLang 0.5.15 on; judged where the build's source was read), and a
+    speculative config's longest request (context + output) must fit the drafter's context (its config.json
+    `max_position_embeddings`, where the drafter's config.json was read)."""
+    out = []
+    if features.get("tokenize_messages") is False:
+        prompts = cfg.get("prompts") or {}
+        chat = sorted({c["workload"] for c in cfg.get("cells") or [] if isinstance(prompts.get(c["workload"]), list)})
+        out += [("prompt", f"chat workload {w!r}: this build's /tokenize takes no messages (SGLang 0.5.15 on)")
+                for w in chat]
+    window = ((drafter or {}).get("config") or {}).get("max_position_embeddings")
+    if cfg.get("draft_model") and isinstance(window, int) and not isinstance(window, bool) and cfg.get("cells"):
+        longest = max(c["context_tokens"] + c["max_tokens"] for c in cfg["cells"])
+        if longest > window:
+            out.append(("drafter", f"its longest request ({longest} tokens: context + max_tokens) is beyond the "
+                                   f"drafter's context ({window} tokens, max_position_embeddings in its config.json)"))
+    return out
 
 
 def same_servers(configs: Sequence[Mapping[str, Any]]) -> Dict[str, str]:

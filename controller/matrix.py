@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from agent import pack, records, workloads
-from agent.engines import ENGINES
+from agent.engines import ENGINES, ngram_lookup
 from agent.logbound import DEFAULT_MAX_BYTES
 from agent.secrets import PLACEHOLDER
 from agent.store import SECRET_KEY
@@ -689,9 +689,21 @@ def validate(suite: dict[str, Any], phases: list[str] | None = None, *, secrets_
                 errors.append(f"{cw}.draft_model: method {cfg['method']} needs a draft model "
                               f"(set {PREFIX}draft_model or the config's draft_model)")
             lo, hi = cfg.get("prompt_lookup_min"), cfg.get("prompt_lookup_max")
-            if lo is not None and hi is not None and lo > hi:
+            if lo is not None and hi is not None and lo > hi and not (cfg["method"] == "ngram"
+                                                                        and engine.name == "vllm"):
                 errors.append(f"{cw}.prompt_lookup_min: {lo} is above prompt_lookup_max {hi}; allowed: "
                               f"prompt_lookup_min <= prompt_lookup_max")
+            if cfg["method"] == "ngram" and engine.name == "vllm" and isinstance(
+                    cfg.get("num_speculative_tokens", 1), int):
+                lo, hi = ngram_lookup(cfg)  # a bound left out is the adapter's default, which the server gets
+                if lo > hi:
+                    given = [f"prompt_lookup_{b}" for b in ("min", "max") if f"prompt_lookup_{b}" in cfg]
+                    field = "prompt_lookup_min" if "prompt_lookup_min" in cfg else "prompt_lookup_max"
+                    implied = "" if len(given) == 2 else (
+                        f" (prompt_lookup_{'max' if field == 'prompt_lookup_min' else 'min'} is not given: "
+                        f"{hi if field == 'prompt_lookup_min' else lo}, the default)")
+                    errors.append(f"{cw}.{field}: prompt_lookup_min {lo} is above prompt_lookup_max {hi}{implied}; "
+                                  f"allowed: prompt_lookup_min <= prompt_lookup_max")
             cid = f"{phase['name']}-{label(cfg)}"
             if not NAME_RE.match(cid):
                 errors.append(f"{cw}: config id {cid[:80]!r} is too long for a folder name; allowed: at most "

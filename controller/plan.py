@@ -369,9 +369,8 @@ def build(args: dict[str, Any], task_vars: dict[str, Any], ask: Ask | None = Non
     unsupported = {cid: ch.unsupported for cid, ch in checks.items() if ch.supported is False}
     limited = [f"  {cid}: {line}" for cid, ch in checks.items() for line in ch.limits]
     if limited:
-        return {"failed": True, "msg": f"{host}: the installed engine cannot build these configs' prompts (nothing "
-                                       "was started; give these workloads as text `prompt`, or use a newer build):\n"
-                                       + "\n".join(limited)}
+        return {"failed": True, "msg": f"{host}: these configs ask what the installed engine or the drafter cannot "
+                                       "give (nothing was started):\n" + "\n".join(limited)}
     return {"changed": False, "configs": configs, "suite": hidden.suite, "plan_lines": describe(
             host, configs, hidden.suite, checks, run["skip_unsupported"]), **run,
             "requests": sum(c["requests"] for c in configs), "estimate_s": wall(configs, hidden.suite),

@@ -292,6 +292,29 @@ def test_preflight_refuses_chat_prompts_a_build_cannot_tokenize(tmp_path: Path) 
     assert preflight(host, configs["tp1-ngram-k3"]) is None  # text prompts only
 
 
+def test_preflight_refuses_a_drafter_shorter_than_the_longest_request(tmp_path: Path) -> None:
+    """The drafter's own config.json (read on the host before the start) bounds the request: beyond it, the config
+    fails incompatible_config before its server starts."""
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    phases = [{"name": "tp1", "configs": [{"method": "autoregressive"},
+                                          {"method": "draft_model", "num_speculative_tokens": 2}],
+               "sweeps": [{"workloads": ["fib"], "max_tokens": [MAX_TOKENS], "context_tokens": [0, CONTEXT]}]}]
+    host, configs = setup(tmp_path, write_engine(tmp_path / "engine"), phases=phases,
+                          draft_model={"name": "d", "path": str(draft)})
+    longest = CONTEXT + MAX_TOKENS
+    for window, refused in ((longest - 1, True), (longest, False)):
+        (draft / "config.json").write_text(json.dumps({"max_position_embeddings": window}))
+        res = preflight(host, configs["tp1-draft_model-k2"])
+        assert (res is not None and res.reason == Reason.INCOMPATIBLE_CONFIG) is refused, res
+    (draft / "config.json").write_text(json.dumps({"max_position_embeddings": longest - 1}))
+    res = preflight(host, configs["tp1-draft_model-k2"])
+    assert res is not None and res.detail == (
+        f"its longest request ({longest} tokens: context + max_tokens) is beyond the drafter's context "
+        f"({longest - 1} tokens, max_position_embeddings in its config.json)")
+    assert preflight(host, configs["tp1-autoregressive"]) is None
+
+
 def test_a_twin_of_an_earlier_config_on_this_build_is_skipped_naming_it(tmp_path: Path) -> None:
     """On a build that runs DFlash without overlap always, `dflash-nooverlap` is `dflash`'s server: not run twice."""
     host, configs = setup(tmp_path, write_engine(tmp_path / "engine"))

@@ -476,3 +476,26 @@ def test_readable_unicode_in_shown_names_passes() -> None:
     s = base()
     s["suite_name"] = "ct200 — Qwen3.6 27B, DFlash ✓ (Blackwell)"
     matrix.validate(s)
+
+
+@pytest.mark.parametrize("given, field, want", [
+    ({"num_speculative_tokens": 2, "prompt_lookup_min": 5}, "prompt_lookup_min", "5 is above prompt_lookup_max 2 "
+     "(prompt_lookup_max is not given: 2, the default)"),
+    ({"num_speculative_tokens": 4, "prompt_lookup_max": 1}, "prompt_lookup_max", "2 is above prompt_lookup_max 1 "
+     "(prompt_lookup_min is not given: 2, the default)"),
+    ({"num_speculative_tokens": 2, "prompt_lookup_min": 5, "prompt_lookup_max": 3}, "prompt_lookup_min",
+     "5 is above prompt_lookup_max 3;"),
+])
+def test_an_implicit_lookup_bound_is_checked_as_the_server_gets_it(given: dict[str, int], field: str,
+                                                                   want: str) -> None:
+    """A bound the matrix leaves out is the adapter's default (agent.engines.ngram_lookup): vLLM refuses
+    min > max whichever of them was written."""
+    s = base()
+    s["engine"] = "vllm"
+    s["phases"][0]["configs"] = [{"method": "autoregressive"}, {"method": "ngram", **given}]
+    del s["phases"][0]["sweeps"][0]["methods"]
+    with pytest.raises(matrix.MatrixError) as exc:
+        matrix.validate(s)
+    line = str(exc.value)
+    assert line.startswith(f"bench_phases[0].configs[1].{field}: prompt_lookup_min {want}"), line
+    assert line.endswith("allowed: prompt_lookup_min <= prompt_lookup_max")

@@ -249,3 +249,21 @@ def test_chat_workloads_on_a_build_whose_tokenize_takes_no_messages_fail_the_pla
     # the baseline measures every cell its phase's configs measure: it has the chat cells too
     assert lines == [f"{cid}: chat workload 'primes': this build's /tokenize takes no messages (SGLang 0.5.15 on)"
                      for cid in ("tp1-autoregressive", "tp1-dflash")], lines
+
+
+@pytest.mark.parametrize("window, fails", [(4096, True), (131072, False), (None, False)])
+def test_a_drafter_shorter_than_the_longest_request_fails_the_plan(host: dict[str, Any], window: int | None,
+                                                                  fails: bool) -> None:
+    """The drafter's config.json (read on the host) bounds the context a speculative config can use: ct200's
+    100k-token context cells on a drafter of 4096 positions are refused by the plan, naming each config."""
+    draft = host["root"] / "draft" / "config.json"
+    config = {"num_hidden_layers": 5, **({"max_position_embeddings": window} if window else {})}
+    draft.write_text(json.dumps(config))
+    res = build(host["suite"], asker(host["root"], [*V0511, "DDTREE"]), phases="tp1")
+    if not fails:
+        assert not res.get("failed"), res.get("msg")
+        return
+    lines = [line.strip() for line in res["msg"].splitlines()[1:]]
+    assert "tp1-dflash: its longest request (100256 tokens: context + max_tokens) is beyond the drafter's context " \
+           "(4096 tokens, max_position_embeddings in its config.json)" in lines, lines
+    assert not any(line.startswith("tp1-autoregressive") for line in lines)  # no drafter, no such limit
