@@ -41,6 +41,12 @@ _HOSTNAME = re.compile(r"^(?=.{1,253}\Z)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9
 NAME_RE = re.compile(_NAME)
 _pos_int = {"type": "integer", "minimum": 1}
 _int_list = {"type": "array", "minItems": 1, "items": _pos_int, "uniqueItems": True}
+# Bounds past any plausible use: a typo there would plan days of requests or ship megabytes to every host.
+MAX_CONCURRENCY, MAX_REPETITIONS, MAX_OUTPUT, MAX_CONTEXT = 4096, 1000, 1 << 20, 10_000_000
+MAX_PROMPT_CHARS = 1 << 20  # a workload's prompt; long contexts come from context_tokens, built on the host
+_tokens_list = {**_int_list, "items": {**_pos_int, "maximum": MAX_OUTPUT}}
+_concurrency_list = {**_int_list, "items": {**_pos_int, "maximum": MAX_CONCURRENCY}}
+_repetitions = {**_pos_int, "maximum": MAX_REPETITIONS}
 _str_list = {"type": "array", "items": {"type": "string", "pattern": _NO_NUL}}
 _env = {"type": "object", "propertyNames": {"type": "string", "pattern": _ENV_NAME},
         "additionalProperties": {"type": ["string", "number", "boolean"], "pattern": _NO_NUL}}
@@ -82,11 +88,11 @@ _sweep = {
     "properties": {
         "name": {"type": "string"},
         "workloads": {"type": "array", "minItems": 1, "items": {"type": "string"}, "uniqueItems": True},
-        "max_tokens": _int_list,
+        "max_tokens": _tokens_list,
         "context_tokens": {"type": "array", "minItems": 1, "uniqueItems": True,
-                           "items": {"type": "integer", "minimum": 0}},
-        "concurrency": _int_list,
-        "repetitions": _pos_int,
+                           "items": {"type": "integer", "minimum": 0, "maximum": MAX_CONTEXT}},
+        "concurrency": _concurrency_list,
+        "repetitions": _repetitions,
         "methods": {"type": "array", "items": {"type": "string"}},
     },
 }
@@ -116,10 +122,11 @@ SCHEMA = {
         "sampling": {"type": "object", "additionalProperties": False, "properties": {
             "temperature": {"type": "number", "minimum": 0, "default": 0.0},
             "ignore_eos": {"type": "boolean", "default": False}}},
-        "repetitions": {**_pos_int, "default": 3},
-        "max_tokens": {**_int_list, "default": [256]},
+        "repetitions": {**_repetitions, "default": 3},
+        "max_tokens": {**_tokens_list, "default": [256]},
         "warmup_max_tokens": {**_pos_int, "default": 32},
-        "workloads": {"type": "object", "additionalProperties": {"type": "string", "minLength": 1}, "default": {}},
+        "workloads": {"type": "object", "default": {},
+                      "additionalProperties": {"type": "string", "minLength": 1, "maxLength": MAX_PROMPT_CHARS}},
         "workloads_file": {"type": ["string", "null"], "pattern": _NO_NUL, "default": ""},
         "timeouts": {"type": "object", "additionalProperties": False, "properties": {
             k: {"type": "number", "exclusiveMinimum": 0, "maximum": 604800, "default": v}   # at most a week
@@ -331,6 +338,9 @@ def _format(err: Any) -> list[str]:
         return [f"{where}: {shown(inst, secret)} should be non-empty (at least {n} item{'s' if n > 1 else ''})"]
     if kind == "minLength":
         return [f"{where}: {shown(inst, secret)} should be non-empty (at least {err.validator_value} character)"]
+    if kind == "maxLength":
+        return [f"{where}: is {len(inst)} characters long; allowed: at most {err.validator_value} (a long context "
+                f"comes from context_tokens, built on the host)"]
     if kind == "pattern" and err.validator_value == _ENV_NAME:
         return [f"{where}: {shown(inst, False)} is not a valid environment variable name; allowed: {_ENVNAME_TEXT}"]
     if kind == "pattern" and err.validator_value == _NO_NUL:
@@ -456,6 +466,9 @@ def _text_problem(value: Any, non_empty: bool) -> str | None:
         return f"{shown(value, False)} is not {kind}; allowed: {kind}"
     if "\x00" in value:
         return "holds a NUL byte; allowed: text without NUL bytes"
+    if len(value) > MAX_PROMPT_CHARS:
+        return (f"is {len(value)} characters long; allowed: at most {MAX_PROMPT_CHARS} (a long context comes from "
+                f"context_tokens, built on the host)")
     if PLACEHOLDER.search(value):
         return ("holds text of the form <secret:N>, which marks hidden secrets on the way to the host; allowed: any "
                 "other text")
@@ -488,6 +501,9 @@ def _workload_problems(obj: Any) -> list[tuple[str, str]]:
             why = f"missing; allowed: {_MESSAGE[key]}" if key not in m else _text_problem(m[key], non_empty)
             if why:
                 out.append((f"{at}.{key}", why))
+    total = sum(len(m["content"]) for m in messages if isinstance(m, dict) and isinstance(m.get("content"), str))
+    if total > MAX_PROMPT_CHARS:
+        out.append(("messages", f"hold {total} characters of content; allowed: at most {MAX_PROMPT_CHARS} in all"))
     return out
 
 

@@ -108,11 +108,11 @@ CORPUS = [
          "allowed: a list of at least 1 item, no repeats, each a string", id="workloads-not-list"),
     case(put("phases.0.configs.1.budget", "16"), "bench_phases[0].configs[1].budget",
          "'16' is not of type 'integer'; allowed: an integer from 1 to 1024", id="budget-string"),
-    case(put("repetitions", "abc"), "bench_repetitions", "'abc' is not of type 'integer'; allowed: an integer >= 1",
-         id="repetitions-string"),
+    case(put("repetitions", "abc"), "bench_repetitions",
+         "'abc' is not of type 'integer'; allowed: an integer from 1 to 1000", id="repetitions-string"),
     case(put("repetitions", "3"), "bench_repetitions",
-         "allowed: an integer >= 1 (a quoted string: write it unquoted in YAML; on the command line pass JSON: "
-         "-e '{\"bench_repetitions\": 3}')", id="repetitions-quoted-number"),
+         "allowed: an integer from 1 to 1000 (a quoted string: write it unquoted in YAML; on the command line pass "
+         "JSON: -e '{\"bench_repetitions\": 3}')", id="repetitions-quoted-number"),
     case(put("gpu_count", True), "bench_gpu_count", "True is not of type 'integer'; allowed: an integer >= 0",
          id="gpu_count-bool"),
     case(put("phases.0.tp", "2"), "bench_phases[0].tp", "allowed: an integer >= 1 (a quoted string",
@@ -127,9 +127,9 @@ CORPUS = [
          id="ignore_eos-string"),
     case(put("timeouts.health_s", "10m"), "bench_timeouts.health_s", "allowed: a number > 0", id="timeout-string"),
     case(put("max_tokens", 256), "bench_max_tokens", "allowed: a list of at least 1 item, no repeats, each an "
-         "integer >= 1", id="max_tokens-scalar"),
+         "integer from 1 to 1048576", id="max_tokens-scalar"),
     case(put("phases.0.sweeps.0.context_tokens", [0, "512"]), "bench_phases[0].sweeps[0].context_tokens[1]",
-         "allowed: an integer >= 0", id="context_tokens-item-string"),
+         "allowed: an integer from 0 to 10000000", id="context_tokens-item-string"),
     case(put("workloads", {"poem": 7}), "bench_workloads.poem", "allowed: a non-empty string",
          id="workload-prompt-not-string"),
     case(put("phases.0.sweeps.0.methods", "ddtree-b16"), "bench_phases[0].sweeps[0].methods",
@@ -169,13 +169,13 @@ CORPUS = [
          id="sweep-methods-unknown-config"),
     # --- zero or negative sizes ------------------------------------------------------------------------------
     case(put("phases.0.sweeps.0.max_tokens", [0]), "bench_phases[0].sweeps[0].max_tokens[0]",
-         "0 is less than the minimum of 1; allowed: an integer >= 1", id="max_tokens-zero"),
-    case(put("max_tokens", [-1]), "bench_max_tokens[0]", "-1 is less than the minimum of 1; allowed: an integer >= 1",
-         id="suite-max_tokens-negative"),
+         "0 is less than the minimum of 1; allowed: an integer from 1 to 1048576", id="max_tokens-zero"),
+    case(put("max_tokens", [-1]), "bench_max_tokens[0]", "-1 is less than the minimum of 1; allowed: an integer from 1 "
+         "to 1048576", id="suite-max_tokens-negative"),
     case(put("phases.0.sweeps.0.concurrency", [1, 0]), "bench_phases[0].sweeps[0].concurrency[1]",
          "0 is less than the minimum of 1", id="concurrency-zero"),
-    case(put("repetitions", 0), "bench_repetitions", "0 is less than the minimum of 1; allowed: an integer >= 1",
-         id="repetitions-zero"),
+    case(put("repetitions", 0), "bench_repetitions", "0 is less than the minimum of 1; allowed: an integer from 1 to "
+         "1000", id="repetitions-zero"),
     case(put("phases.0.sweeps.0.repetitions", -2), "bench_phases[0].sweeps[0].repetitions",
          "-2 is less than the minimum of 1", id="sweep-repetitions-negative"),
     case(put("phases.0.configs.1.budget", 0), "bench_phases[0].configs[1].budget",
@@ -187,7 +187,7 @@ CORPUS = [
     case(put("timeouts.stop_s", 0), "bench_timeouts.stop_s", "allowed: a number > 0", id="timeout-zero"),
     case(put("timeouts.request_s", -5), "bench_timeouts.request_s", "allowed: a number > 0", id="timeout-negative"),
     case(put("phases.0.sweeps.0.context_tokens", [-1]), "bench_phases[0].sweeps[0].context_tokens[0]",
-         "-1 is less than the minimum of 0; allowed: an integer >= 0", id="context_tokens-negative"),
+         "-1 is less than the minimum of 0; allowed: an integer from 0 to 10000000", id="context_tokens-negative"),
     case(put("phases.0.tp", 0), "bench_phases[0].tp", "allowed: an integer >= 1", id="tp-zero"),
     case(put("gpu_count", -1), "bench_gpu_count", "allowed: an integer >= 0", id="gpu_count-negative"),
     case(put("warmup_max_tokens", 0), "bench_warmup_max_tokens", "allowed: an integer >= 1", id="warmup-zero"),
@@ -285,8 +285,8 @@ CORPUS = [
          "1.0: write 1)", id="tp-whole-float"),
     case(put("phases.0.configs.2.num_speculative_tokens", 3.0), "bench_phases[0].configs[2].num_speculative_tokens",
          "(a whole number written as 3.0: write 3)", id="k-whole-float"),
-    case(put("repetitions", 2.5), "bench_repetitions", "2.5 is not of type 'integer'; allowed: an integer >= 1",
-         id="repetitions-fraction"),
+    case(put("repetitions", 2.5), "bench_repetitions", "2.5 is not of type 'integer'; allowed: an integer from 1 to "
+         "1000", id="repetitions-fraction"),
     case(put("timeouts.health_s", 10 ** 400), "bench_timeouts.health_s", "is out of range; allowed: a number > 0 "
          "and <= 604800", id="timeout-huge-integer"),
     case(put("env", {1: "x"}), "bench_env", "is not of type 'string'; allowed: a string", id="env-name-integer"),
@@ -499,3 +499,24 @@ def test_an_implicit_lookup_bound_is_checked_as_the_server_gets_it(given: dict[s
     line = str(exc.value)
     assert line.startswith(f"bench_phases[0].configs[1].{field}: prompt_lookup_min {want}"), line
     assert line.endswith("allowed: prompt_lookup_min <= prompt_lookup_max")
+
+
+
+@pytest.mark.parametrize("path, value, field, allowed", [
+    ("phases.0.sweeps.0.concurrency", [1, 100000], "bench_phases[0].sweeps[0].concurrency[1]", "from 1 to 4096"),
+    ("phases.0.sweeps.0.repetitions", 5000, "bench_phases[0].sweeps[0].repetitions", "from 1 to 1000"),
+    ("repetitions", 1001, "bench_repetitions", "from 1 to 1000"),
+    ("max_tokens", [2 ** 21], "bench_max_tokens[0]", "from 1 to 1048576"),
+    ("phases.0.sweeps.0.context_tokens", [0, 10 ** 8], "bench_phases[0].sweeps[0].context_tokens[1]",
+     "from 0 to 10000000"),
+    ("workloads", {"poem": "x" * (2 ** 20 + 1)}, "bench_workloads.poem", "1048576"),
+])
+def test_values_past_any_plausible_use_are_refused(path: str, value: Any, field: str, allowed: str) -> None:
+    """A typo that would plan days of requests or ship megabytes to every host: refused, naming the bound."""
+    s = base()
+    obj, key = _walk(s, path)
+    obj[key] = value
+    with pytest.raises(matrix.MatrixError) as exc:
+        matrix.validate(s)
+    line = next((x for x in str(exc.value).splitlines() if x.startswith(f"{field}: ")), str(exc.value))
+    assert allowed in line, line
