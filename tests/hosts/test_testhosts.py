@@ -100,3 +100,36 @@ def test_up_again_is_a_no_op(hosts: TestHosts, bind_src: Path) -> None:
     before = [(row["name"], row["pid"]) for row in hosts.status()]
     hosts.up(2, binds=[f"{bind_src}:/opt/bound"])
     assert [(row["name"], row["pid"]) for row in hosts.status()] == before
+
+
+def test_a_bridge_left_by_a_killed_run_is_cleared_and_a_live_ones_is_not(tmp_path: Path) -> None:
+    """A `make test` killed before its `down`, its checkout removed: its bridge (alias naming its state folder)
+    and its hosts' network namespaces are leftovers, cleared by the next run. A bridge whose folder still exists,
+    or whose namespaces hold a process, is another run's: refused as before."""
+    from tests.hosts.testhosts import BRIDGE_ALIAS, TestHostsError
+    gone = tmp_path / "gone-checkout" / ".work" / "testhosts"
+    bridge, ns = "sfbrzz", "sfbrzz-th1"
+
+    def leave(owner: Path) -> None:
+        subprocess.run(["ip", "link", "add", bridge, "type", "bridge"], check=True)
+        subprocess.run(["ip", "link", "set", "dev", bridge, "alias", f"{BRIDGE_ALIAS}{owner}"], check=True)
+        subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        leave(gone)
+        (tmp_path / "state").mkdir()
+        th = TestHosts(tmp_path / "state", bridge=bridge, subnet="10.98.77.0/24")
+        state: dict = {}
+        th._ensure_bridge(state)  # noqa: SLF001 (the step `up` takes first)
+        assert state["bridge_created"] and not Path("/run/netns", ns).exists()
+        alias = Path("/sys/class/net", bridge, "ifalias").read_text().strip()
+        assert alias == f"{BRIDGE_ALIAS}{th.state_dir}"
+        subprocess.run(["ip", "link", "del", bridge], check=True)
+        gone.mkdir(parents=True)
+        (gone / "state.json").write_text("{}")  # its checkout is still there: not a leftover
+        leave(gone)
+        (tmp_path / "state2").mkdir()
+        with pytest.raises(TestHostsError, match="exists and was not created by"):
+            TestHosts(tmp_path / "state2", bridge=bridge, subnet="10.98.78.0/24")._ensure_bridge({})  # noqa: SLF001
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
+        subprocess.run(["ip", "link", "del", bridge], check=False, capture_output=True)

@@ -33,6 +33,7 @@ from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Se
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CACHE = ROOT / ".cache" / "testhosts"
 DEFAULT_BRIDGE = "sfbr0"
+BRIDGE_ALIAS = "specfleet-testhosts:"  # + the state folder that created the bridge (its interface alias)
 DEFAULT_SUBNET = "10.99.0.0/24"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 SUITE = "bookworm"
@@ -673,8 +674,27 @@ class TestHosts:
                 path.unlink()
         run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "testhosts", "-f", str(self.key_path)], timeout=30)
 
+    def _orphaned_bridge(self) -> bool:
+        """Whether the bridge is a leftover of test hosts whose state folder is gone (a `make test` killed before
+        its `down`, its checkout removed), with no process left in any of its hosts' network namespaces: then it
+        and those namespaces are removed, and True."""
+        alias = Path("/sys/class/net", self.bridge, "ifalias")
+        owner = alias.read_text().strip() if alias.exists() else ""
+        if not owner.startswith(BRIDGE_ALIAS) or Path(owner[len(BRIDGE_ALIAS):], "state.json").exists():
+            return False
+        spaces = [n for n in (p.name for p in Path("/run/netns").glob(f"{self.bridge}-*"))]
+        if any(netns_pids(n) for n in spaces):
+            return False
+        for n in spaces:
+            run(["ip", "netns", "del", n], timeout=20, check=False)
+            run(["ip", "link", "del", n], timeout=20, check=False)
+        run(["ip", "link", "del", self.bridge], timeout=20, check=False)
+        return not Path("/sys/class/net", self.bridge).exists()
+
     def _ensure_bridge(self, state: Dict[str, Any]) -> None:
         exists = Path("/sys/class/net", self.bridge).exists()
+        if exists and not state.get("bridge_created") and self._orphaned_bridge():
+            exists = False
         if exists and not state.get("bridge_created"):
             raise TestHostsError(f"network interface {self.bridge} exists and was not created by {self.state_dir}; "
                                  "pick another --bridge")
@@ -683,6 +703,7 @@ class TestHosts:
             state["bridge_created"] = True
             self._save(state)
             run(["ip", "link", "add", self.bridge, "type", "bridge"], timeout=20)
+            run(["ip", "link", "set", "dev", self.bridge, "alias", f"{BRIDGE_ALIAS}{self.state_dir}"], timeout=20)
             run(["ip", "addr", "add", f"{self.gateway}/{self.subnet.prefixlen}", "dev", self.bridge], timeout=20)
             run(["ip", "link", "set", self.bridge, "up"], timeout=20)
         addrs = json.loads(run(["ip", "-j", "-4", "addr", "show", "dev", self.bridge], timeout=20).stdout or "[]")
