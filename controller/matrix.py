@@ -581,6 +581,7 @@ OWNED_FLAGS = {
 OWNED_ENV = {
     "CUDA_VISIBLE_DEVICES": "the GPUs follow the config's slot",
     "NVIDIA_VISIBLE_DEVICES": "the GPUs follow the config's slot",
+    "CUDA_DEVICE_ORDER": "GPU indices are nvidia-smi's (PCI bus order), as the slots are",
     "VLLM_API_KEY": f"the key is {PREFIX}api_key (kept out of logs and records)",
 }
 

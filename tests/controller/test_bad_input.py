@@ -412,7 +412,7 @@ def test_flags_specfleet_sets_are_refused_at_every_level_in_every_form(engine: s
 
 
 @pytest.mark.parametrize("level", list(LEVELS))
-@pytest.mark.parametrize("var", ["CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "VLLM_API_KEY"])
+@pytest.mark.parametrize("var", sorted(matrix.OWNED_ENV))
 def test_environment_specfleet_sets_is_refused_at_every_level(level: str, var: str) -> None:
     s = base()
     _walk(s, LEVELS[level][1])[0][LEVELS[level][1].rsplit(".", 1)[-1]] = {"HF_HUB_OFFLINE": "1", var: "0"}
