@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Set
 
-from . import fit, gpu, gpusample, probe, startup
+from . import fit, foreign, gpu, gpusample, probe, startup
 from .classify import Reason, classify, tail
 from .engines import PORT, Engine
 from .measure import Endpoint, Measured, PromptError, measure
@@ -215,6 +215,7 @@ def _serve(host: Host, cfg: Mapping[str, Any], folder: Path, port: int, slot: Op
     out = Measured([])
     ready_s = None
     busy, held, gate_wait_s = host.busy, False, None
+    early = foreign.merge([], foreign.scan(lambda pid: False, host.store.dir.parent.name), "before")
     launched = time.time()
     try:
         with server:
@@ -274,6 +275,11 @@ def _serve(host: Host, cfg: Mapping[str, Any], folder: Path, port: int, slot: Op
         notes.append(f"{len(server.survivors)} process(es) outlived the server (left its process group or "
                      f"unit) and were killed: {what}")
     log_text = _scrubbed_log(server.log_path, host.secrets(cfg))
+    seen = early
+    for p in out.fields.pop("foreign", None) or []:
+        seen = foreign.merge(seen, [p], "timed")
+    if seen:
+        out.fields["foreign"] = seen
     marks = startup.phases(log_text, host.engine.name, launched)
     if marks:
         out.fields["startup"] = marks

@@ -217,6 +217,20 @@ def query(fields: str = QUERY_FIELDS) -> str | None:
     return res.stdout if res.returncode == 0 else None
 
 
+def compute_apps() -> str | None:
+    """`pid, process_name, used_memory` (MiB) per GPU compute process, from the local nvidia-smi (no header, no
+    units); None where there is none or it cannot say."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        res = subprocess.run([exe, "--query-compute-apps=pid,process_name,used_memory",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return res.stdout if res.returncode == 0 else None
+
+
 def wait_released(idle: dict[int, int], deadline_s: float, read: Callable[[], str | None] = query,
                   interval: float = 0.2) -> tuple[bool, dict[int, int]]:
     """Poll until GPU memory is back at its idle level; (released?, last reading). An unreadable

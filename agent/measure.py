@@ -16,11 +16,12 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Dict, List, Mapping, Optional, Tuple, Union
 
-from . import client, counters, hostload, records, workloads
+from . import client, counters, foreign, hostload, records, workloads
 from .classify import Reason, classify, tail
 from .engines import Engine
 from .server import Server, http_status
 from .store import now_iso
+from .sweep import MARK
 
 Prompt = Union[str, List[int]]
 Sink = Callable[..., None]  # where events go: HostStore.event(kind, **fields)
@@ -194,6 +195,8 @@ def _timed(cfg: Mapping[str, Any], identity: Mapping[str, Any], server: Server, 
            built: Dict[Tuple[str, int], Prompt], seed: int, out: Measured, pace: Pace) -> Measured:
     before = counters.read(ep.engine, ep.port, ep.host, ep.headers)
     load0 = hostload.sample(server.owns)
+    run_id = str((getattr(server, "env", None) or {}).get(MARK, "")).split("/", 1)[0]  # the run of this server
+    seen = foreign.merge([], foreign.scan(server.owns, run_id), "timed")
     origin: Optional[float] = None
     start = time.monotonic()
     for rep, i in order(cfg["cells"], seed):
@@ -219,6 +222,9 @@ def _timed(cfg: Mapping[str, Any], identity: Mapping[str, Any], server: Server, 
             return out
     span = out.window[1] - out.window[0] if out.window else 0.0  # the CPU seconds cover the whole window
     out.fields["host_load"] = hostload.summary(load0, hostload.sample(server.owns), span)
+    seen = foreign.merge(seen, foreign.scan(server.owns, run_id), "timed")
+    if seen:
+        out.fields["foreign"] = seen
     out.fields["counters"] = counters.check(before, counters.read(ep.engine, ep.port, ep.host, ep.headers),
                                             out.rows, cfg["method"] != "autoregressive")
     out.fields["cold_start"] = cold_start(out.rows)

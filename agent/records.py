@@ -111,6 +111,8 @@ STATUS = (
     _f("started_at", "string", "UTC, ISO 8601"),
     _f("finished_at", "string", "UTC, ISO 8601"),
     _f("ready_s", "number|null", "seconds from launch to a healthy server"),
+    _f("foreign", "array", "processes on the host that were not this run's, before the config or in its timed window: "
+       "pid, why (engine, specfleet, gpu), cmd, when (before, timed)", required=False),
     _f("startup", "object", "where the startup went, from the server's log: seconds from launch to the end of "
        "each phase found (weights, compile, kv_cache, graphs, serving)", required=False),
     _f("requests", "integer", "request rows written"),

@@ -55,7 +55,8 @@ def _identity(c: ConfigResult) -> dict[str, Any]:
 def config_flags(status: dict[str, Any]) -> tuple[list[str], str]:
     """What the agent's checks say of a config: `suspect` when the server's counters disagree with the rows,
     `throttled` when a GPU throttled (thermal, power cap, HW slowdown) during the timed requests, `cold_start` when
-    the first timed request was an outlier; and the figures, in words."""
+    the first timed request was an outlier, `foreign_load` when another engine, another run's server or a GPU
+    process not this run's was on the host; and the figures, in words."""
     flags, words = [], []
     counters = status.get("counters") or {}
     if counters.get("verdict") == "suspect":
@@ -70,6 +71,18 @@ def config_flags(status: dict[str, Any]) -> tuple[list[str], str]:
     if cold.get("outlier"):
         flags.append("cold_start")
         words.append(f"first TTFT {cold.get('first_ttft_s')} s vs cell median {cold.get('cell_median_ttft_s')} s")
+    alien = status.get("foreign")
+    if isinstance(alien, list) and alien:
+        flags.append("foreign_load")
+        words.append("not this run's, on the host: " + ", ".join(
+            f"pid {a.get('pid')} {a.get('why')} {str(a.get('cmd'))[:60]!r} ({'/'.join(a.get('when') or [])})"
+            for a in alien[:4] if isinstance(a, dict)) + (f" and {len(alien) - 4} more" if len(alien) > 4 else ""))
+    alien = status.get("foreign")
+    if isinstance(alien, list) and alien:
+        flags.append("foreign_load")
+        words.append("not this run's, on the host: " + ", ".join(
+            f"pid {a.get('pid')} {a.get('why')} {str(a.get('cmd'))[:60]!r} ({'/'.join(a.get('when') or [])})"
+            for a in alien[:4] if isinstance(a, dict)) + (f" and {len(alien) - 4} more" if len(alien) > 4 else ""))
     near = status.get("neighbours")
     if isinstance(near, list) and near:
         flags.append("packed")

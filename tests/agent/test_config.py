@@ -11,6 +11,9 @@ import copy
 import json
 import os
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -621,3 +624,26 @@ def test_run_config_with_a_real_server_writes_valid_records(tmp_path: Path) -> N
     assert config["engine_version"] == ENGINE_VERSION
     assert read_json(folder / "status.json") == status
     assert_no_secrets(folder)
+
+
+def test_another_engine_on_the_host_is_recorded_and_flags_the_config(tmp_path: Path) -> None:
+    """A server of another stack beside the config (its command line says so), there before the config and through
+    its timed requests: status.json `foreign` names it with both moments, and the report flags the rows."""
+    from collector.report import config_flags
+    host, configs = setup(tmp_path, write_engine(tmp_path / "engine"))
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "-m", "sglang.launch_server"])
+    try:
+        end = time.monotonic() + 30
+        while b"sglang.launch_server" not in Path(f"/proc/{other.pid}/cmdline").read_bytes():
+            assert time.monotonic() < end
+            time.sleep(0.01)
+        status = run_config(host, configs["tp1-autoregressive"])
+    finally:
+        other.kill()
+        other.wait(timeout=30)
+    assert status["status"] == "ok"
+    mine = [p for p in status["foreign"] if p["pid"] == other.pid]
+    assert mine and mine[0]["why"] == "engine" and mine[0]["when"] == ["before", "timed"]
+    assert all(p["pid"] != status.get("server_pid") for p in status["foreign"])
+    flags, words = config_flags(status)
+    assert "foreign_load" in flags and f"pid {other.pid} engine" in words

@@ -1,0 +1,85 @@
+"""agent.foreign: what else runs on the host, read from the real /proc (real processes started by the test) and
+from nvidia-smi's compute-apps answer: another engine by its command line, another run's server by its mark, a
+GPU process; never this config's server or a server of this run."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from agent import foreign
+from agent.sweep import MARK
+
+SLEEP = "import sys, time; time.sleep(60)"
+
+
+@pytest.fixture
+def started() -> Iterator[list[subprocess.Popen[bytes]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+    yield procs
+    for p in procs:
+        p.kill()
+        p.wait(timeout=30)
+
+
+def start(procs: list[subprocess.Popen[bytes]], *args: str, mark: str | None = None) -> int:
+    env = {"PATH": "/usr/bin:/bin", **({MARK: mark} if mark else {})}
+    p = subprocess.Popen([sys.executable, "-c", SLEEP, *args], env=env)
+    procs.append(p)
+    end = time.monotonic() + 30  # until it has exec'd: before that /proc shows the parent's command line
+    while SLEEP.encode() not in Path(f"/proc/{p.pid}/cmdline").read_bytes():
+        assert time.monotonic() < end, "the process did not start"
+        time.sleep(0.01)
+    return p.pid
+
+
+@pytest.mark.parametrize("argv", [
+    ["-m", "vllm.entrypoints.openai.api_server", "--model", "m"], ["vllm", "serve", "m"],
+    ["-m", "sglang.launch_server", "--model-path", "m"], ["text-generation-launcher", "--model-id", "m"],
+    ["llama-server", "-m", "m.gguf"], ["ollama", "serve"], ["tritonserver", "--model-repository=/m"],
+    ["lmdeploy", "serve", "api_server", "m"], ["trtllm-serve", "m"],
+])
+def test_other_engines_are_found_by_their_command_line(started: list[subprocess.Popen[bytes]],
+                                                        argv: list[str]) -> None:
+    pid = start(started, *argv)
+    quiet = start(started, "--model", "m")  # a plain process with an engine-like flag is not an engine
+    found = {p["pid"]: p for p in foreign.scan(lambda _: False, "run-a", compute_apps="")}
+    assert found[pid]["why"] == "engine" and found[pid]["cmd"].endswith(" ".join(argv))
+    assert quiet not in found
+
+
+def test_marks_of_another_run_are_foreign_and_this_runs_own_are_not(started: list[subprocess.Popen[bytes]]) -> None:
+    other = start(started, mark="run-b/tp1-dflash/abc123")
+    mine = start(started, "-m", "vllm.entrypoints.openai.api_server", mark="run-a/tp1-ngram/def456")  # a neighbour
+    owned = start(started, "-m", "vllm.entrypoints.openai.api_server")  # this config's server
+    found = {p["pid"]: p for p in foreign.scan(lambda pid: pid == owned, "run-a", compute_apps="")}
+    assert found[other]["why"] == "specfleet" and found[other]["run"] == "run-b"
+    assert mine not in found and owned not in found
+
+
+def test_gpu_compute_processes_from_nvidia_smi(started: list[subprocess.Popen[bytes]]) -> None:
+    mine = start(started, mark="run-a/tp1-x/1")
+    apps = f"4242, /usr/bin/python3, 30512\n{mine}, python3, 1024\n7, [Not Found], [N/A]\nnot, a, line\n\n"
+    found = {p["pid"]: p for p in foreign.scan(lambda pid: pid == 7, "run-a", compute_apps=apps)}
+    assert found[4242] == {"pid": 4242, "why": "gpu", "cmd": "/usr/bin/python3", "used_mib": 30512}
+    assert mine not in found and 7 not in found
+
+
+def test_merge_keeps_each_process_once_with_the_moments_it_was_there() -> None:
+    a = {"pid": 5, "why": "engine", "cmd": "vllm serve m"}
+    seen = foreign.merge([], [a], "before")
+    seen = foreign.merge(seen, [a, {"pid": 3, "why": "gpu", "cmd": "x"}], "timed")
+    assert [(p["pid"], p["when"]) for p in seen] == [(3, ["timed"]), (5, ["before", "timed"])]
+    assert foreign.merge(seen, [a], "timed") == seen
+
+
+def test_a_proc_tree_that_vanishes_midway_is_skipped(tmp_path: Path) -> None:
+    (tmp_path / "12").mkdir()  # a process gone between the listing and the read: no cmdline file
+    (tmp_path / "13").mkdir()
+    (tmp_path / "13" / "cmdline").write_bytes(b"python3\0-m\0sglang.launch_server\0")
+    found = foreign.scan(lambda _: False, "r", proc=tmp_path, compute_apps="")
+    assert [(p["pid"], p["why"]) for p in found] == [(13, "engine")]
