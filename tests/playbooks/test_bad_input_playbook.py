@@ -116,8 +116,9 @@ def test_malformed_matrix_reports_every_field_at_once_and_no_secret(bench: Bench
         "bench_phases[0].configs[2].num_speculative_tokens: 0 is less than the minimum of 1; "
         "allowed: an integer from 1 to 64",
         "bench_phases[0].configs[3].budget: is required for method ddtree; allowed: an integer from 1 to 1024",
-        "bench_phases[0].sweeps[0].concurrency[0]: 0 is less than the minimum of 1; allowed: an integer >= 1",
-        "bench_phases[0].sweeps[0].max_tokens[0]: -1 is less than the minimum of 1; allowed: an integer >= 1",
+        "bench_phases[0].sweeps[0].concurrency[0]: 0 is less than the minimum of 1; allowed: an integer from 1 to 4096",
+        "bench_phases[0].sweeps[0].max_tokens[0]: -1 is less than the minimum of 1; allowed: an integer from 1 to "
+        "1048576",
         "bench_phases[0].sweeps[0].speed: unknown key; allowed keys: concurrency, context_tokens, max_tokens",
         "bench_phases[0].sweeps[0].workloads: [] should be non-empty (at least 1 item)",
         "bench_phases[0].tp: '1' is not of type 'integer'; allowed: an integer >= 1",
@@ -201,7 +202,7 @@ def test_numbers_names_environment_and_limits_in_one_run(bench: Bench) -> None:
     out = assert_nothing_started(bench, bench.run(limits, timeout=120))
     assert "bench_warmup_max_tokens: 2048 tokens after the warmup prompt" in out
     assert "exceed the model's max_model_len 1024; allowed: at most 1024" in out
-    assert "bench_phases[0].configs[1].prompt_lookup_min: 4 is above prompt_lookup_max 2" in out
+    assert "bench_phases[0].configs[1].prompt_lookup_min: prompt_lookup_min 4 is above prompt_lookup_max 2;" in out
 
 
 def test_exposed_servers_need_a_real_key_and_an_address(bench: Bench) -> None:
@@ -254,7 +255,7 @@ def test_inventory_host_vars_with_a_malformed_matrix(bench: Bench) -> None:
     out = assert_nothing_started(bench, run_badhost(bench, yaml.safe_dump(host_vars)))
     assert "invalid benchmark matrix for badhost" in out
     assert "bench_model.path: is required; allowed: a non-empty string" in out
-    assert "bench_max_tokens[0]: 0 is less than the minimum of 1; allowed: an integer >= 1" in out
+    assert "bench_max_tokens[0]: 0 is less than the minimum of 1; allowed: an integer from 1 to 1048576" in out
     assert "bench_draft_model.revison: unknown key; allowed keys: max_model_len, name, path, revision" in out
 
 
