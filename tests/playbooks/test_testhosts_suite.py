@@ -140,8 +140,10 @@ def test_controller_killed_mid_config_then_rerun(two_host_run: tuple[Bench, str,
     proc = playbook.start(bench.args({"run_id": run, **standin}, limit="testhosts"), new_session=True)
     try:
         end = time.monotonic() + 600
-        while not any(e["event"] == "config_ready" for e in host_events(testhosts, "th1", run)):
-            assert proc.poll() is None and time.monotonic() < end, "no config became ready"
+        # both hosts' suites started (the controller starts them one host after the other), th1 mid-config
+        while not (any(e["event"] == "config_ready" for e in host_events(testhosts, "th1", run))
+                   and any(e["event"] == "suite_start" for e in host_events(testhosts, "th2", run))):
+            assert proc.poll() is None and time.monotonic() < end, "the suites did not start on both hosts"
             time.sleep(0.5)
         os.killpg(proc.pid, signal.SIGKILL)  # the controller dies in the middle of a config
         proc.wait(timeout=30)
@@ -149,7 +151,10 @@ def test_controller_killed_mid_config_then_rerun(two_host_run: tuple[Bench, str,
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     # the suite goes on on the hosts without the controller
-    assert any(e["event"] == "config_start" for e in host_events(testhosts, "th2", run))
+    end = time.monotonic() + 120
+    while not any(e["event"] == "config_start" for e in host_events(testhosts, "th2", run)):
+        assert time.monotonic() < end, "th2's suite did not go on without the controller"
+        time.sleep(0.5)
     res = bench.run({"run_id": run, **standin}, limit="testhosts", timeout=1200)
     assert res.returncode == 0, playbook.why(res.stdout)
     for host in HOSTS:
