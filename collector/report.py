@@ -77,12 +77,6 @@ def config_flags(status: dict[str, Any]) -> tuple[list[str], str]:
         words.append("not this run's, on the host: " + ", ".join(
             f"pid {a.get('pid')} {a.get('why')} {str(a.get('cmd'))[:60]!r} ({'/'.join(a.get('when') or [])})"
             for a in alien[:4] if isinstance(a, dict)) + (f" and {len(alien) - 4} more" if len(alien) > 4 else ""))
-    alien = status.get("foreign")
-    if isinstance(alien, list) and alien:
-        flags.append("foreign_load")
-        words.append("not this run's, on the host: " + ", ".join(
-            f"pid {a.get('pid')} {a.get('why')} {str(a.get('cmd'))[:60]!r} ({'/'.join(a.get('when') or [])})"
-            for a in alien[:4] if isinstance(a, dict)) + (f" and {len(alien) - 4} more" if len(alien) > 4 else ""))
     near = status.get("neighbours")
     if isinstance(near, list) and near:
         flags.append("packed")

@@ -202,19 +202,24 @@ def test_an_unreachable_host_is_judged_by_what_its_last_run_recorded(host: dict[
     assert res["engine_help"] is None        # only a live answer is handed to the agent
 
 
-@pytest.mark.parametrize("overlap", [False, True])
-def test_dflash_twins_are_one_server_on_a_build_that_never_overlaps_dflash(host: dict[str, Any],
-                                                                          overlap: bool) -> None:
-    """Up to SGLang 0.5.13 the server forces DFlash off overlap scheduling (the build's source says so:
-    probe.sglang_source): `dflash` and `dflash-nooverlap` then run the same server, and the plan says so."""
+def with_features(host: dict[str, Any], features: dict[str, Any]) -> Any:
+    """`asker`, its answer carrying these build facts (what agent.probe.sglang_source reads from the source)."""
     inner = asker(host["root"], V0511)
 
     def ask(python: str, request: dict[str, Any]) -> dict[str, Any]:
         answer = inner(python, request)
         out = json.loads(answer["stdout"])
-        out["engine"]["features"] = {"algorithms": ["DFLASH"], "dflash_overlap": overlap}
+        out["engine"]["features"] = features
         return {**answer, "stdout": json.dumps(out)}
-    res = build(host["suite"], ask)
+    return ask
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_dflash_twins_are_one_server_on_a_build_that_never_overlaps_dflash(host: dict[str, Any],
+                                                                          overlap: bool) -> None:
+    """Up to SGLang 0.5.13 the server forces DFlash off overlap scheduling (the build's source says so:
+    probe.sglang_source): `dflash` and `dflash-nooverlap` then run the same server, and the plan says so."""
+    res = build(host["suite"], with_features(host, {"algorithms": ["DFLASH"], "dflash_overlap": overlap}))
     text = "\n".join(res["plan_lines"])
     for tp in (1, 4, 8):
         said = "the same server as " + f"tp{tp}-dflash on this build" in block(text, f"tp{tp}-dflash-nooverlap")
@@ -233,14 +238,7 @@ def test_chat_workloads_on_a_build_whose_tokenize_takes_no_messages_fail_the_pla
     suite = {**host["suite"], "workloads_file": str(workloads)}
     suite["phases"] = [{**p, "sweeps": [*p["sweeps"], {"name": "chat", "workloads": ["primes"], "max_tokens": [64],
                                                         "methods": ["dflash"]}]} for p in suite["phases"]]
-    inner = asker(host["root"], V0511)
-
-    def ask(python: str, request: dict[str, Any]) -> dict[str, Any]:
-        answer = inner(python, request)
-        out = json.loads(answer["stdout"])
-        out["engine"]["features"] = {"algorithms": ["DFLASH"], "tokenize_messages": messages}
-        return {**answer, "stdout": json.dumps(out)}
-    res = build(suite, ask, phases="tp1")
+    res = build(suite, with_features(host, {"algorithms": ["DFLASH"], "tokenize_messages": messages}), phases="tp1")
     if messages:
         assert not res.get("failed"), res.get("msg")
         return
