@@ -63,9 +63,9 @@ def test_marks_of_another_run_are_foreign_and_this_runs_own_are_not(started: lis
 
 def test_gpu_compute_processes_from_nvidia_smi(started: list[subprocess.Popen[bytes]]) -> None:
     mine = start(started, mark="run-a/tp1-x/1")
-    apps = f"4242, /usr/bin/python3, 30512\n{mine}, python3, 1024\n7, [Not Found], [N/A]\nnot, a, line\n\n"
+    apps = f"99999999, /usr/bin/python3, 30512\n{mine}, python3, 1024\n7, [Not Found], [N/A]\nnot, a, line\n\n"
     found = {p["pid"]: p for p in foreign.scan(lambda pid: pid == 7, "run-a", compute_apps=apps)}
-    assert found[4242] == {"pid": 4242, "why": "gpu", "cmd": "/usr/bin/python3", "used_mib": 30512}
+    assert found[99999999] == {"pid": 99999999, "why": "gpu", "cmd": "/usr/bin/python3", "used_mib": 30512}
     assert mine not in found and 7 not in found
 
 
