@@ -13,7 +13,7 @@ from pathlib import Path
 
 from . import progress, records, secrets
 from .server import become_subreaper
-from .store import now_iso, write_json
+from .store import now_iso, read_json, write_json
 from .suite import Suite
 
 
@@ -38,10 +38,8 @@ def holder_state(host_dir: Path, wait_s: float = 5.0) -> dict:
 
 
 def read_state(path: Path) -> dict:
-    try:
-        state = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
+    """A state file as a mapping ({} when it is missing, damaged or not a mapping)."""
+    state = read_json(path)
     return state if isinstance(state, dict) else {}
 
 
