@@ -16,10 +16,10 @@ demo: venv engine models
 	$(BIN)/ansible-playbook bench.yml -l local -e run_id=$(DEMO_RUN_ID)
 	@$(BIN)/specfleet where results/$(DEMO_RUN_ID)
 
-# Two workers; tests that share a resource stay together (tests/conftest.py says which). Ends with the time per
+# Three workers; tests that share a resource stay together (tests/conftest.py says which). Ends with the time per
 # folder and the 15 slowest tests.
 test: host-deps venv engine models wheelhouse
-	$(BIN)/python -m pytest -n 2 -rfEs --durations=15 tests
+	$(BIN)/python -m pytest -n 3 -rfEs --durations=15 tests
 	$(MAKE) lint
 
 # What is not slow (no engine, no test hosts, no role runs): a minute or two.

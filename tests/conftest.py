@@ -5,11 +5,8 @@
 - `testhosts`: the systemd-nspawn test hosts (root); `gpu`: a real NVIDIA GPU (tests/gpu);
 - `engine`: the real CPU engine (set by the tests themselves: the claim is the engine's).
 
-`make test-fast` runs what is not slow; `make test` runs everything on two workers (pytest-xdist) and lists the
-slowest tests. The work units keep what shares a resource on one worker, one test at a time (`group_of`): `serial`
-holds every run of this machine's suite (the real engine's and the stand-in's: their kill windows and deadlines are
-timed, and the engine takes a core) and the engine contract, `testhosts` the tests of the two test hosts (one
-session fixture builds them); every other module is a unit of its own.
+`make test-fast` runs what is not slow; `make test` runs everything on three workers (pytest-xdist) and lists the
+slowest tests. The work units keep what shares a resource on one worker, one test at a time (`GROUPS` below).
 """
 from __future__ import annotations
 
@@ -41,18 +38,32 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.gpu)
 
 
-# this machine's suite runs, the engine contract, and the agent's tests that time CPU slots and progress windows
-SERIAL = ("tests/playbooks/", "tests/standin/test_contract.py", "tests/agent/test_suite_pack.py",
-          "tests/agent/test_live_progress.py")
-FIRST = ("serial", "testhosts")  # the longest groups start first, one on each worker
+# The work units (`group_of`), each on one worker, one test at a time:
+# - `engine`: the real CPU engine's runs on this machine (`make demo` and the commands on its run, the packed run,
+#   the exposed server, the engine contract): each takes a core, and the README's runs share `.work/hosts/local`;
+# - `standin`: this machine's suites with the stand-in engine, and the agent's timed CPU-slot and progress tests:
+#   kill windows and deadlines, kept off each other;
+# - `testhosts`: the tests of the two shared test hosts (one session fixture builds them);
+# - `provision` and `harness`: the provisioning hosts and the harness's own hosts (each module builds its own);
+# every other module is a unit of its own.
+GROUPS = {
+    "engine": ("tests/playbooks/test_readme_local.py", "tests/playbooks/test_pack_local.py",
+               "tests/playbooks/test_security.py", "tests/standin/test_contract.py"),
+    "standin": ("tests/playbooks/", "tests/agent/test_suite_pack.py", "tests/agent/test_live_progress.py"),
+    "testhosts": ("tests/playbooks/test_testhosts_suite.py", "tests/playbooks/test_device_allow.py"),
+    "provision": ("tests/playbooks/test_provision_hosts.py",),
+    "harness": ("tests/hosts/test_testhosts.py",),
+}
+FIRST = ("engine", "testhosts", "standin", "provision")  # the longest units start first
 
 
 def group_of(nodeid: str) -> str:
-    """The xdist work unit of a test: `testhosts`, `serial`, or its own module."""
+    """The xdist work unit of a test: the first group whose path prefix it has, else its own module."""
     path = nodeid.split("::", 1)[0]
-    if Path(path).name in TESTHOSTS:
-        return "testhosts"
-    return "serial" if path.startswith(SERIAL) else path
+    for name in ("engine", "testhosts", "provision", "harness", "standin"):  # `standin` holds the playbooks left
+        if path.startswith(GROUPS[name]):
+            return name
+    return path
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
