@@ -7,7 +7,7 @@ WHEELHOUSE := .cache/wheelhouse
 BIN := $(VENV)/bin
 PIP_ARGS ?=
 
-.PHONY: demo test test-fast lint venv engine models wheelhouse host-deps testhosts testhosts-down clean
+.PHONY: demo test test-deps test-fast lint venv engine models wheelhouse host-deps testhosts testhosts-down clean
 
 # The demo names its run (RUN_ID=... to choose), so that `where` shows this run even when another one ends first.
 DEMO_RUN_ID := $(or $(RUN_ID),$(shell date -u +%Y%m%dT%H%M%SZ))
@@ -16,11 +16,15 @@ demo: venv engine models
 	$(BIN)/ansible-playbook bench.yml -l local -e run_id=$(DEMO_RUN_ID)
 	@$(BIN)/specfleet where results/$(DEMO_RUN_ID)
 
-# Three workers; tests that share a resource stay together (tests/conftest.py says which). Ends with the time per
-# folder and the 15 slowest tests.
-test: host-deps venv engine models wheelhouse
+# What the tests need is installed first, side by side (the two virtualenvs and the Debian packages do not depend
+# on each other). Three workers; tests that share a resource stay together (tests/conftest.py says which). Ends with
+# the time per folder and the 15 slowest tests.
+test: test-deps
 	$(BIN)/python -m pytest -n 3 -rfEs --durations=15 tests
 	$(MAKE) lint
+
+test-deps:
+	$(MAKE) -j 4 host-deps venv engine models wheelhouse
 
 # What is not slow (no engine, no test hosts, no role runs): a minute or two.
 test-fast: venv

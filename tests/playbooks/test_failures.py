@@ -45,7 +45,13 @@ def test_killed_crashing_and_unsupported_configs_are_recorded_and_the_suite_goes
     status = {p.name: json.loads((p / "status.json").read_text()) for p in host.iterdir() if p.is_dir()}
 
     killed = status["tp1-ngram-k2"]
-    assert killed["status"] == "failed" and killed["reason"] == "crashed", killed
+    if killed["status"] != "failed":  # say what the server did and what the client saw
+        rows = (host / "tp1-ngram-k2/requests.jsonl").read_text().splitlines()
+        config = json.loads((host / "tp1-ngram-k2/config.json").read_text())
+        pytest.fail(f"tp1-ngram-k2 {killed['status']}: {len(rows)} rows, {sum(json.loads(r)['ok'] for r in rows)} "
+                    f"ok; command {config['command']}; environment {config['environment']}\nserver.log:\n"
+                    f"{(host / 'tp1-ngram-k2/server.log').read_text()[-3000:]}")
+    assert killed["reason"] == "crashed", killed
     assert "during timed requests" in killed["detail"] and killed["log_tail"]
     log = (host / "tp1-ngram-k2/server.log").read_text()
     assert "Application startup complete" in log  # the whole server log, kept

@@ -302,6 +302,7 @@ class Faults:
             print("[standin] exiting 0 (injected)", flush=True)
             os._exit(0)
         if action == "sigkill":
+            print(f"[standin] killing itself (injected SIGKILL) after {self.tokens} tokens", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         if action == "hang":
             print("[standin] hanging (injected SIGSTOP)", flush=True)
