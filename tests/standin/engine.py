@@ -23,7 +23,8 @@ What it serves, per dialect:
   cached_tokens, finish_reason, and spec_verify_ct / spec_accept_length when speculating). The key is --api-key.
 - Both: /tokenize takes `prompt`, or chat `messages` rendered `<|role|> content` (and `<|assistant|>` with
   add_generation_prompt). Its log has a line per generation request (`[standin] generate: prompt_tokens N
-  max_tokens M at <epoch s>`), the port it listens on, and the chat templates it rendered.
+  max_tokens M at <epoch s>`, and `[standin] answered at <epoch s>` just before its stream's end goes out), the
+  port it listens on, and the chat templates it rendered.
 Unknown flags fail as argparse does (`error: unrecognized arguments:`, exit 2); a model path without a
 config.json fails as a missing local model does.
 
@@ -487,6 +488,7 @@ def handler(e: Engine) -> type:
                         "num_accepted_draft_tokens": accepted, "num_draft_tokens": verify * e.k,
                         "num_spec_tokens": e.k}}
                 self.event(last)
+            print(f"[standin] answered at {time.time()}", flush=True)  # before the client can see the end
             self.event(b"[DONE]")
 
         def stream_sglang(self, body: Dict[str, Any], fault: Optional[str]) -> None:
@@ -519,6 +521,7 @@ def handler(e: Engine) -> type:
                 self.event({"text": " tok" * done, "output_ids": list(out_ids), "meta_info": meta},
                            cut=fault == "malformed" and i == 1)
                 e.faults.streamed(k)
+            print(f"[standin] answered at {time.time()}", flush=True)  # before the client can see the end
             self.event(b"[DONE]")
 
         def log_message(self, fmt: str, *args: Any) -> None:
