@@ -132,6 +132,7 @@ SCHEMA = {
             k: {"type": "number", "exclusiveMinimum": 0, "maximum": 604800, "default": v}   # at most a week
             for k, v in (("health_s", 900), ("request_s", 900), ("stop_s", 60), ("release_s", 120))}},
         "progress_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 604800, "default": 10},
+        "max_plan_hours": {"type": "number", "exclusiveMinimum": 0, "default": 24},
         "server_log_max_mib": {"type": "integer", "minimum": 1, "maximum": 1024,  # half of it is held in memory
                                "default": DEFAULT_MAX_BYTES >> 20},
         "estimate": {"type": "object", "additionalProperties": False, "properties": {

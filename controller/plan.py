@@ -340,6 +340,18 @@ def service_problems(service: Mapping[str, Any] | None) -> list[str]:
     return out
 
 
+def plausible(host: str, configs: list[dict[str, Any]], suite: dict[str, Any]) -> str | None:
+    """Why a plan is too long to start (its estimate past `bench_max_plan_hours`), with the figure and the switch
+    that allows it; None when it is not."""
+    hours, limit = wall(configs, suite) / 3600, float(suite["max_plan_hours"])
+    if hours <= limit:
+        return None
+    requests = sum(c["requests"] for c in configs)
+    return (f"{host}: the plan is estimated at {_hms(hours * 3600)} ({len(configs)} configs, {requests} timed "
+            f"requests), past {PREFIX}max_plan_hours {limit:g}; nothing was started. Narrow it (-e phases=..., "
+            f"-e configs=..., -e sweeps=...) or allow it: -e {PREFIX}max_plan_hours={max(int(hours) + 1, 1)}")
+
+
 def build(args: dict[str, Any], task_vars: dict[str, Any], ask: Ask | None = None) -> dict[str, Any]:
     """The action's result: `failed` with every problem, or the configs, the secret-free suite and the plan.
     `ask(python, request)` runs `agent.probe` on the host (the action's connection) once the matrix passed."""
@@ -361,6 +373,9 @@ def build(args: dict[str, Any], task_vars: dict[str, Any], ask: Ask | None = Non
     configs = trim(matrix.expand(hidden), bool(run["config_names"]))
     evidence = estimate.history(Path(args["results"]), host) if args.get("results") else {}
     estimate.apply(configs, hidden.suite["estimate"], evidence)
+    too_long = plausible(host, configs, hidden.suite)
+    if too_long:
+        return {"failed": True, "msg": too_long}
     answer: Any = {"skipped": True}
     if ask is not None and switch("probe", args.get("probe", True), problems) and configs:
         answer = ask(str(args.get("agent_python") or "python3"), probe_request(hidden.suite, args.get("host_dir")))

@@ -374,3 +374,40 @@ def test_values_that_reach_the_unit_are_checked_before_any_host(key: str, value:
     res = plan.build({**good_run_args(), "suite": {}, "service": {**GOOD_SERVICE, key: value}},
                      {"inventory_hostname": "ct200"}, lambda *a: asked.append(a))
     assert res["failed"] and field in res["msg"] and asked == []
+
+
+# --- bench_max_plan_hours ---------------------------------------------------------------------------------------
+
+def _many_configs(n: int) -> list[dict[str, Any]]:
+    return [{"method": "autoregressive"}] + [{"method": "ngram", "num_speculative_tokens": k} for k in range(1, n)]
+
+
+@pytest.mark.parametrize("extra", [
+    {"estimate": {"tok_s": 0.01}},                                    # a slow engine
+    {"repetitions": 1000, "estimate": {"tok_s": 1}},                  # many repetitions
+    {"estimate": {"startup_s": 86400}},                               # a startup of a day per config
+    {"phases": [{"name": "tp1", "configs": _many_configs(60), "sweeps": [
+        {"workloads": ["fib", "json"], "max_tokens": [4096], "concurrency": [1, 64], "repetitions": 20}]}],
+     "estimate": {"tok_s": 10}},                                      # a wide matrix
+], ids=["slow", "repetitions", "startup", "wide"])
+def test_a_plan_past_the_hour_cap_fails_with_its_estimate_and_the_switch(extra: dict[str, Any]) -> None:
+    asked: list[Any] = []
+    res = plan.build(args_of(small_suite(**extra)), HOST, ask=lambda *a: asked.append(a) or {})
+    assert res.get("failed"), res
+    msg = res["msg"]
+    m = re.match(r"gpu-01: the plan is estimated at (\d+):(\d\d):(\d\d) \((\d+) configs, (\d+) timed requests\), "
+                 r"past bench_max_plan_hours 24; nothing was started\.", msg)
+    assert m and int(m.group(1)) >= 24, msg
+    allowed = int(re.search(r"-e bench_max_plan_hours=(\d+)$", msg).group(1))
+    assert allowed > int(m.group(1)) - 1 and "-e phases=" in msg and "-e configs=" in msg
+    assert asked == []  # refused before the host was asked anything
+    again = plan.build(args_of(small_suite(**extra, max_plan_hours=allowed)), HOST)
+    assert not again.get("failed"), again.get("msg")
+    assert again["estimate_s"] <= allowed * 3600
+
+
+@pytest.mark.parametrize("hours", [0, -1, "x", None])
+def test_max_plan_hours_must_be_a_positive_number(hours: Any) -> None:
+    res = plan.build(args_of(small_suite(max_plan_hours=hours)), HOST)
+    assert res.get("failed") and "bench_max_plan_hours" in res["msg"], res
+
