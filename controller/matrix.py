@@ -763,6 +763,7 @@ def validate(suite: dict[str, Any], phases: list[str] | None = None, *, secrets_
                     errors.append(f"{field}: context + max_tokens = {context + out_len} exceeds the model's "
                                   f"max_model_len {max_len} (context {context}, max_tokens {out_len}); "
                                   f"allowed: context_tokens + max_tokens <= {max_len} ({PREFIX}model.max_model_len)")
+        errors += batch_problems(suite, phase, where, engine)
     errors += pack.problems(suite, gpus, PREFIX)
     for p in phases or []:
         if p not in names:
@@ -770,6 +771,50 @@ def validate(suite: dict[str, Any], phases: list[str] | None = None, *, secrets_
     if errors:
         raise MatrixError("\n".join(errors))
     return Matrix(suite, tuple(phases) if phases else None, from_file)
+
+
+def flag_value(args: list[str], flag: str) -> str | None:
+    """The value the engine's argparse ends up with for `flag` in `args` (the last of `flag v` and `flag=v`)."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def batch_problems(suite: dict[str, Any], phase: dict[str, Any], where: str, engine: Any) -> list[str]:
+    """A sweep's concurrency above what a config's server runs at once (`--max-num-seqs` / `--max-running-requests`
+    in its server args, else the engine's own default where the host tells it): the requests past it would wait
+    in the engine's queue, and the cell would not measure the concurrency it names."""
+    out: list[str] = []
+    if not engine.batch_flag:
+        return out
+    tp, gpus, mib = phase.get("tp", 1), suite["gpu_count"], suite["gpu_memory_mib"]
+    for cfg in phase["configs"]:
+        args = [*suite["server_args"], *phase.get("server_args", []), *cfg.get("server_args", [])]
+        given = flag_value(args, engine.batch_flag)
+        if given is not None:
+            if not given.isdigit():
+                continue  # the engine's own argparse says what is wrong with it
+            limit, source, switch = int(given), f"{engine.batch_flag} {given} in its server_args", "raise it"
+        else:
+            limit = engine.default_batch(tp, gpus, mib, args)
+            if limit is None:
+                continue
+            source = f"{engine.name}'s default here: {engine.batch_flag} is not given"
+            switch = f"set {engine.batch_flag} in server_args"
+        for j, sweep in enumerate(phase["sweeps"]):
+            if sweep.get("methods") and label(cfg) not in sweep["methods"] and cfg["method"] != "autoregressive":
+                continue
+            most = max(sweep.get("concurrency", [1]))
+            if most > limit:
+                out.append(f"{where}.sweeps[{j}].concurrency: {most} is above the {limit} requests that "
+                           f"{phase['name']}-{label(cfg)} runs at once ({source}): the rest would wait in its queue "
+                           f"and the cell would not measure concurrency {most}; allowed: at most {limit}, or "
+                           f"{switch}")
+    return out
 
 
 def _cells(suite: dict[str, Any], sweep: dict[str, Any]) -> list[dict[str, int | str]]:

@@ -163,3 +163,59 @@ def test_shipped_profiles_are_valid() -> None:
         "tp1-ddtree-b15", "tp1-ddtree-b16", "tp1-ddtree-b32", "tp1-ddtree-b64"]
     assert {c["tp"] for c in ct200} == {1, 4, 8}
     assert [c["config_id"] for c in matrix.expand(suite_from_host_vars("ct200"), ["tp4"])][0] == "tp4-autoregressive"
+
+
+# --- concurrency above what the server runs at once ---------------------------------------------------------------
+
+def batch_suite(engine: str, concurrency: int, gpus: int = 0, mib: int = 0, tp: int = 1,
+                suite_args: tuple[str, ...] = (), phase_args: tuple[str, ...] = (), cfg_args: tuple[str, ...] = (),
+                methods: list[str] | None = None) -> dict[str, Any]:
+    sweep: dict[str, Any] = {"workloads": ["fib"], "max_tokens": [64], "concurrency": [1, concurrency]}
+    if methods:
+        sweep["methods"] = methods
+    return {"engine": engine, "engine_python": "/py", "gpu_count": gpus, "gpu_memory_mib": mib,
+            "model": {"name": "m", "path": "/m"}, "server_args": list(suite_args),
+            "phases": [{"name": "p", "tp": tp, "server_args": list(phase_args),
+                        "configs": [{"method": "autoregressive"},
+                                    {"method": "ngram", "num_speculative_tokens": 2, "server_args": list(cfg_args)}],
+                        "sweeps": [sweep]}]}
+
+
+BATCH_CASES = [
+    # (engine, concurrency, gpus, MiB per GPU, tp, suite / phase / config server args, methods) -> the limit or None
+    ("vllm", 129, 0, 0, 1, (), (), (), None, 128),                      # vLLM's CPU default: 128 x tp
+    ("vllm", 256, 2, 0, 2, (), (), (), None, None),                       # GPUs of unknown memory: not judged
+    ("vllm", 1025, 8, 144384, 1, (), (), (), None, 1024),                 # H200: 1024
+    ("vllm", 1025, 8, 98304, 4, (), (), (), None, 1024),                  # RTX PRO 6000 (96 GB): 1024
+    ("vllm", 300, 8, 81920, 1, (), (), (), None, None),                   # 80 GB: may be an A100 (256): not judged
+    ("vllm", 257, 8, 49152, 1, (), (), (), None, 256),                    # a 48 GB card: 256
+    ("vllm", 257, 0, 0, 1, ("--performance-mode=throughput",), (), (), None, 256),  # doubled
+    ("vllm", 9, 0, 0, 1, ("--max-num-seqs", "8"), (), (), None, 8),       # the suite's flag
+    ("vllm", 9, 0, 0, 1, (), ("--max-num-seqs=8",), (), None, 8),         # the phase's, `=` spelling
+    ("vllm", 17, 0, 0, 1, ("--max-num-seqs", "64"), (), ("--max-num-seqs", "16"), None, 16),  # the last one wins
+    ("sglang", 33, 1, 98304, 1, (), (), ("--max-running-requests", "32"), None, 32),
+    ("sglang", 4000, 1, 98304, 1, (), (), (), None, None),                # its default follows the KV pool
+    ("vllm", 17, 0, 0, 1, (), (), ("--max-num-seqs", "16"), ["autoregressive"], None),  # sweep skips the config
+]
+
+
+@pytest.mark.parametrize("engine, conc, gpus, mib, tp, s_args, p_args, c_args, methods, limit", BATCH_CASES)
+def test_concurrency_above_the_servers_batch_fails_naming_the_limit_and_its_source(
+        engine: str, conc: int, gpus: int, mib: int, tp: int, s_args: tuple[str, ...], p_args: tuple[str, ...],
+        c_args: tuple[str, ...], methods: list[str] | None, limit: int | None) -> None:
+    suite = batch_suite(engine, conc, gpus, mib, tp, s_args, p_args, c_args, methods)
+    if limit is None:
+        matrix.validate(suite)
+        return
+    msg = error_of(suite)
+    assert f"bench_phases[0].sweeps[0].concurrency: {conc} is above the {limit} requests that p-" in msg, msg
+    assert f"allowed: at most {limit}, or " in msg
+    flag = {"vllm": "--max-num-seqs", "sglang": "--max-running-requests"}[engine]
+    given = any(flag in a for a in (*s_args, *p_args, *c_args))
+    assert (f"({flag} {limit} in its server_args)" in msg) if given else (f"{flag} is not given" in msg), msg
+    matrix.validate(batch_suite(engine, limit, gpus, mib, tp, s_args, p_args, c_args, methods))  # at the limit: ok
+
+
+def test_flag_value_reads_the_last_spelling() -> None:
+    assert matrix.flag_value(["--a", "1", "--a=2", "--b", "3"], "--a") == "2"
+    assert matrix.flag_value(["--ab", "1"], "--a") is None and matrix.flag_value(["--a"], "--a") is None
