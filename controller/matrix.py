@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from agent import pack, records, workloads
-from agent.engines import ENGINES, ngram_lookup
+from agent.engines import ENGINES, PORT, ngram_lookup
 from agent.logbound import DEFAULT_MAX_BYTES
 from agent.secrets import PLACEHOLDER
 from agent.store import SECRET_KEY
@@ -660,10 +660,16 @@ def _override_errors(suite: dict[str, Any], engine: Any) -> list[str]:
                                           and flag.startswith("--") and flag.startswith(name)), None)
             if name.startswith("-") and hit:
                 errors.append(f"{field}[{k}]: {name} is set by specfleet ({hit}); allowed: any other flag")
+            elif PORT in str(arg):
+                errors.append(f"{field}[{k}]: {str(arg)[:80]!r} holds {PORT}, the placeholder specfleet fills with "
+                              f"the server's own port in its --port only; allowed: a literal value")
         env_field = f"{where}.env" if where != PREFIX.rstrip("_") else f"{PREFIX}env"
-        for key in (obj.get("env") or {}):
+        for key, value in (obj.get("env") or {}).items():
             if key in OWNED_ENV:
                 errors.append(f"{env_field}.{key}: set by specfleet ({OWNED_ENV[key]}); allowed: any other variable")
+            elif PORT in str(value):
+                errors.append(f"{env_field}.{key}: holds {PORT}, the placeholder specfleet fills with the server's "
+                              f"own port in its --port only; allowed: a literal value")
     return errors
 
 

@@ -423,6 +423,23 @@ def test_environment_specfleet_sets_is_refused_at_every_level(level: str, var: s
                                            "any other variable"]
 
 
+@pytest.mark.parametrize("level", list(LEVELS))
+@pytest.mark.parametrize("value", ["{port}", "127.0.0.1:{port}", "--x={port}", "a{port}b"])
+def test_the_port_placeholder_is_refused_outside_the_port_flag_at_every_level(level: str, value: str) -> None:
+    """`{port}` is filled with the server's own port in specfleet's --port only: elsewhere it would be passed on
+    literally, or (a whole argument) silently replaced by the port."""
+    args_path, env_path = LEVELS[level]
+    for path, put in ((args_path, ["--enable-metrics", value]), (env_path, {"HF_HUB_OFFLINE": "1", "X_ADDR": value})):
+        s = base()
+        _walk(s, path)[0][path.rsplit(".", 1)[-1]] = put
+        with pytest.raises(matrix.MatrixError) as exc:
+            matrix.validate(s)
+        field = FIELDS[level] + "[1]" if path == args_path else FIELDS[level].replace("server_args", "env") + ".X_ADDR"
+        [line] = str(exc.value).splitlines()
+        assert line.startswith(f"{field}: ") and "holds {port}, the placeholder specfleet fills" in line, line
+        assert line.endswith("allowed: a literal value")
+
+
 def test_flags_that_only_look_alike_pass() -> None:
     s = base()
     s["server_args"] = ["--hostname-override", "x", "--port-range=1", "--tp-comm-overlap",
