@@ -489,9 +489,31 @@ def test_workload_names_are_names_and_not_a_built_in_ones(name: str, why: str) -
     assert any(line.startswith("bench_workloads.") and why in line for line in str(exc.value).splitlines())
 
 
-def test_readable_unicode_in_shown_names_passes() -> None:
+# look-alikes: a letter of another script inside a Latin (or Cyrillic, Greek) name, and letters or digits in a
+# compatibility form of another (fullwidth, mathematical, circled, superscript, ligature); each named by code point
+LOOKALIKE = [("Qwen3.6-27\u0412", "U+0412"), ("\u0430rith", "U+0430"), ("Blackwell-\u03bf", "U+03BF"),
+             ("\u0421\u0435\u0440\u0432\u0435\u0440-a", "U+0061"), ("\uff51wen", "U+FF51"),
+             ("\U0001d410wen", "U+1D410"), ("tp\u00b2", "U+00B2"), ("\ufb01b", "U+FB01"), ("run-\u2460", "U+2460"),
+             ("\u0585pen", "U+0585"), ("\u13a1nd", "U+13A1")]
+
+
+@pytest.mark.parametrize("path", list(LABEL_FIELDS))
+@pytest.mark.parametrize("value, code", LOOKALIKE, ids=[c for _, c in LOOKALIKE])
+def test_shown_names_with_look_alike_letters_are_refused(path: str, value: str, code: str) -> None:
     s = base()
-    s["suite_name"] = "ct200 — Qwen3.6 27B, DFlash ✓ (Blackwell)"
+    obj, key = _walk(s, path)
+    obj[key] = value
+    with pytest.raises(matrix.MatrixError) as exc:
+        matrix.validate(s)
+    [line] = str(exc.value).splitlines()
+    assert line.startswith(f"{LABEL_FIELDS[path]}: ") and f"look-alike letters: {code} " in line, line
+
+
+@pytest.mark.parametrize("value", ["ct200 — Qwen3.6 27B, DFlash ✓ (Blackwell)", "Qwen 通义千问 27B", "Москва-2",
+                                   "Ελληνικά", "café déjà vu", "日本語モデル v2", "한국어 model"])
+def test_readable_unicode_in_shown_names_passes(value: str) -> None:
+    s = base()
+    s["suite_name"] = value
     matrix.validate(s)
 
 
