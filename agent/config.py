@@ -157,10 +157,11 @@ def preflight(host: Host, cfg: Mapping[str, Any], slot: Optional[Slot] = None) -
                       f"the same server as {first} on this build (it runs DFlash without overlap scheduling always: "
                       f"SGLang up to 0.5.13); {first}'s figures are this config's", fields={"same_server_as": first})
     drafter = probe.model(cfg["draft_model"]["path"]) if cfg.get("draft_model") else None
-    limits = probe.build_limits(cfg, host.features, drafter)
+    limits = probe.build_limits(cfg, host.features, drafter, probe.model(cfg["model"]["path"]))
     if limits:
-        reason = Reason.INCOMPATIBLE_CONFIG if any(what == "drafter" for what, _ in limits) else \
-            Reason.PROMPT_BUILD_FAILED
+        kinds = {what for what, _ in limits}
+        reason = Reason.INCOMPATIBLE_CONFIG if "drafter" in kinds else Reason.DOES_NOT_FIT if "model" in kinds \
+            else Reason.PROMPT_BUILD_FAILED
         return Result.failed(reason, "; ".join(why for _, why in limits))
     if host.gpu_count and cfg["tp"] > host.gpu_count:
         return Result.failed(Reason.DOES_NOT_FIT, f"tp {cfg['tp']} needs {cfg['tp']} GPUs; this host has "

@@ -99,13 +99,36 @@ def sglang_source(package: Optional[str]) -> Dict[str, Any]:
             "verify_counter": SGLANG_VERIFY_COUNTER in metrics}
 
 
+CONTEXT_FLAGS = ("--max-model-len", "--context-length")  # vLLM's and SGLang's: the server's context, set by hand
+
+
+def _window(model: Optional[Mapping[str, Any]]) -> Optional[int]:
+    """A model's own context from its config.json (`max_position_embeddings`); None where it was not read, or
+    where RoPE scaling lets the engine derive a longer one."""
+    config = (model or {}).get("config") or {}
+    window = config.get("max_position_embeddings")
+    if not isinstance(window, int) or isinstance(window, bool) or config.get("rope_scaling"):
+        return None
+    return window
+
+
 def build_limits(cfg: Mapping[str, Any], features: Mapping[str, Any],
-                 drafter: Optional[Mapping[str, Any]] = None) -> List[Tuple[str, str]]:
-    """What a config asks that the installed engine or its drafter cannot give, one (what, why) each: chat workloads
-    need `/tokenize` with `messages` (SGLang 0.5.15 on; judged where the build's source was read), and a
-    speculative config's longest request (context + output) must fit the drafter's context (its config.json
-    `max_position_embeddings`, where the drafter's config.json was read)."""
+                 drafter: Optional[Mapping[str, Any]] = None,
+                 target: Optional[Mapping[str, Any]] = None) -> List[Tuple[str, str]]:
+    """What a config asks that the installed engine or its models cannot give, one (what, why) each: chat workloads
+    need `/tokenize` with `messages` (SGLang 0.5.15 on; judged where the build's source was read); a speculative
+    config's longest request (context + output) must fit the drafter's context, and any config's the target
+    model's own context where the matrix sets none (`max_model_len`, or the engine's flag in server_args): each
+    its config.json `max_position_embeddings`, where it was read."""
     out = []
+    longest = max((c["context_tokens"] + c["max_tokens"] for c in cfg.get("cells") or []), default=0)
+    own = _window(target)
+    set_by_hand = (cfg.get("model") or {}).get("max_model_len") or any(
+        str(a).split("=", 1)[0] in CONTEXT_FLAGS for a in cfg.get("server_args") or [])
+    if own is not None and not set_by_hand and longest > own:
+        out.append(("model", f"its longest request ({longest} tokens: context + max_tokens) is beyond the model's "
+                             f"context ({own} tokens, max_position_embeddings in its config.json; no length is set by "
+                             f"bench_model.max_model_len or {'/'.join(CONTEXT_FLAGS)})"))
     if features.get("tokenize_messages") is False:
         prompts = cfg.get("prompts") or {}
         chat = sorted({c["workload"] for c in cfg.get("cells") or [] if isinstance(prompts.get(c["workload"]), list)})
@@ -113,7 +136,6 @@ def build_limits(cfg: Mapping[str, Any], features: Mapping[str, Any],
                 for w in chat]
     window = ((drafter or {}).get("config") or {}).get("max_position_embeddings")
     if cfg.get("draft_model") and isinstance(window, int) and not isinstance(window, bool) and cfg.get("cells"):
-        longest = max(c["context_tokens"] + c["max_tokens"] for c in cfg["cells"])
         if longest > window:
             out.append(("drafter", f"its longest request ({longest} tokens: context + max_tokens) is beyond the "
                                    f"drafter's context ({window} tokens, max_position_embeddings in its config.json)"))

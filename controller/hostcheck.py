@@ -99,10 +99,11 @@ def assess(configs: list[dict[str, Any]], answer: Any, engine: str, gpu_memory_m
             check.supported = not check.unsupported
             check.engine_line = (f"supported by {version}" if check.supported else
                                  f"unsupported_flag: {', '.join(check.unsupported)} not known to {version}") + source
-            drafter = models.get("draft_model") or {}
+            drafter, target = models.get("draft_model") or {}, models.get("model") or {}
             same = cfg.get("draft_model") and drafter.get("path") == cfg["draft_model"].get("path")
-            check.limits = [why for _, why in probe.build_limits(cfg, eng.get("features") or {},
-                                                                  drafter if same else None)]
+            check.limits = [why for _, why in probe.build_limits(
+                cfg, eng.get("features") or {}, drafter if same else None,
+                target if target.get("path") == (cfg.get("model") or {}).get("path") else None)]
         if data is not None:
             check.fit, check.fit_line = _fit(cfg, engine, models, gpu_mib)
             check.fit_line += source if check.fit is not None else ""

@@ -318,6 +318,26 @@ def test_preflight_refuses_a_drafter_shorter_than_the_longest_request(tmp_path: 
     assert preflight(host, configs["tp1-autoregressive"]) is None
 
 
+def test_preflight_refuses_a_model_shorter_than_the_longest_request_where_no_length_is_set(tmp_path: Path) -> None:
+    """The target's own config.json bounds every config's requests when the matrix sets no length: beyond it, the
+    config fails does_not_fit before its server starts; with max_model_len set, the matrix's check is the one."""
+    target = tmp_path / "target"
+    target.mkdir()
+    longest = CONTEXT + MAX_TOKENS
+    phases = [{"name": "tp1", "configs": [{"method": "autoregressive"}],
+               "sweeps": [{"workloads": ["fib"], "max_tokens": [MAX_TOKENS], "context_tokens": [0, CONTEXT]}]}]
+    for window, length, refused in ((longest - 1, None, True), (longest, None, False), (longest - 1, 8192, False)):
+        (target / "config.json").write_text(json.dumps({"max_position_embeddings": window}))
+        model = {"name": "m", "path": str(target), **({"max_model_len": length} if length else {})}
+        host, configs = setup(tmp_path / f"r{window}-{length}", write_engine(tmp_path / "engine"), phases=phases,
+                              model=model)
+        res = preflight(host, configs["tp1-autoregressive"])
+        assert (res is not None and res.reason == Reason.DOES_NOT_FIT) is refused, res
+        if refused:
+            assert res.detail.startswith(f"its longest request ({longest} tokens: context + max_tokens) is beyond the "
+                                         f"model's context ({window} tokens, ")
+
+
 def test_a_twin_of_an_earlier_config_on_this_build_is_skipped_naming_it(tmp_path: Path) -> None:
     """On a build that runs DFlash without overlap always, `dflash-nooverlap` is `dflash`'s server: not run twice."""
     host, configs = setup(tmp_path, write_engine(tmp_path / "engine"))

@@ -265,3 +265,36 @@ def test_a_drafter_shorter_than_the_longest_request_fails_the_plan(host: dict[st
     assert "tp1-dflash: its longest request (100256 tokens: context + max_tokens) is beyond the drafter's context " \
            "(4096 tokens, max_position_embeddings in its config.json)" in lines, lines
     assert not any(line.startswith("tp1-autoregressive") for line in lines)  # no drafter, no such limit
+
+
+@pytest.mark.parametrize("extra, by_hand, fails", [
+    ({"max_position_embeddings": 65536}, None, True),                                   # shorter than 100k + 256
+    ({"max_position_embeddings": 262144}, None, False),
+    ({"max_position_embeddings": 65536, "rope_scaling": {"type": "yarn", "factor": 4}}, None, False),  # derived
+    ({"max_position_embeddings": 65536}, "max_model_len", False),                       # the matrix's own length
+    ({"max_position_embeddings": 65536}, "flag", False),                                # --context-length, as ct200
+    ({}, None, False),                                                                  # not read: not judged
+])
+def test_a_model_shorter_than_the_longest_request_fails_the_plan_where_no_length_is_set(
+        host: dict[str, Any], extra: dict[str, Any], by_hand: str | None, fails: bool) -> None:
+    """Without a context length set by hand (bench_model.max_model_len, or the engine's flag in server_args as
+    ct200 has it), the engine serves the model's own context (its config.json, read on the host): ct200's 100k-token
+    cells on a model of 65536 positions are refused by the plan, every config named."""
+    target = host["root"] / "target" / "config.json"
+    target.write_text(json.dumps({**json.loads(target.read_text()), **extra}))
+    suite = host["suite"]
+    i = suite["server_args"].index("--context-length")
+    suite["server_args"] = suite["server_args"][:i] + suite["server_args"][i + 2:] + (
+        ["--context-length=131072"] if by_hand == "flag" else [])
+    model = {k: v for k, v in suite["model"].items() if k != "max_model_len"}
+    suite["model"] = {**model, **({"max_model_len": 131072} if by_hand == "max_model_len" else {})}
+    res = build(suite, asker(host["root"], [*V0511, "DDTREE"]), phases="tp1")
+    if not fails:
+        assert not res.get("failed"), res.get("msg")
+        return
+    lines = [line.strip() for line in res["msg"].splitlines()[1:]]
+    want = ("its longest request (100256 tokens: context + max_tokens) is beyond the model's context (65536 tokens, "
+            "max_position_embeddings in its config.json; no length is set by bench_model.max_model_len or "
+            "--max-model-len/--context-length)")
+    assert lines and all(want in line for line in lines) and any(line.startswith("tp1-autoregressive:")
+                                                                  for line in lines), lines
