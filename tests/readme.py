@@ -56,6 +56,20 @@ def typed(command: str, *, timeout: float, run_id: str | None = None, fmt: str |
           old_run_id: str | None = None) -> subprocess.CompletedProcess[str]:
     """Run one README command as typed; `<id>`, `[<id>]`, `<old-id>` and `md|csv|json` filled in as the reader
     would."""
+    script, env = _shell(command, run_id, fmt, old_run_id)
+    return subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def typed_start(command: str) -> subprocess.Popen[str]:
+    """One README command as typed, started in the background (its own session), stdout and stderr on one pipe."""
+    script, env = _shell(command, None, None, None)
+    return subprocess.Popen(["bash", "-c", script], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def _shell(command: str, run_id: str | None, fmt: str | None, old_run_id: str | None) -> tuple[str, dict[str, str]]:
+    """The bash script of a README command as typed, and the environment of a new shell."""
     assert command in commands(), f"not a README command: {command}"
     line = command
     if "<old-id>" in line:
@@ -75,5 +89,4 @@ def typed(command: str, *, timeout: float, run_id: str | None = None, fmt: str |
            if not k.startswith(("ANSIBLE_", "VIRTUAL_ENV")) and k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
     # the project's virtualenv is on PATH only once the README's activation line ran
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if Path(p) != ROOT / ".venv/bin")
-    return subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
+    return script, env

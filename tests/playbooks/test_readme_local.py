@@ -12,8 +12,10 @@ import csv
 import hashlib
 import io
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -22,7 +24,8 @@ from typing import Any, Iterator
 import jsonschema
 import pytest
 
-from tests.readme import ROOT, resolves, typed
+from tests import playbook
+from tests.readme import ROOT, resolves, typed, typed_start
 
 from .conftest import _kill_leftovers
 
@@ -39,8 +42,9 @@ TABLE_COLUMNS = ["host", "engine", "model", "tp", "workload", "max_tokens", "con
 
 
 class Demo:
-    def __init__(self, run_id: str, out: str, wall_s: float) -> None:
+    def __init__(self, run_id: str, out: str, wall_s: float, second: str) -> None:
         self.run_id, self.out, self.wall_s = run_id, out, wall_s
+        self.second = second  # the output of a second suite started on this host while the demo measured
         self.run_dir = ROOT / "results" / run_id
         self.host_run = HOST_RESULTS / run_id / "local"
 
@@ -76,19 +80,43 @@ def run_folders() -> set[Path]:
             if base == HOST_RESULTS or not is_testhosts_run(p)}
 
 
+SECOND = "it-second-suite"  # a run id of this test's, tried while the demo measures
+
+
+def second_suite_while_measuring(before: set[Path]) -> str:
+    """Once the demo's first server answers, `bench.yml -l local` with another run id on the same host (the
+    shipped inventory): its output, or "" when the demo ended first."""
+    end = time.monotonic() + 900
+    while time.monotonic() < end:
+        for folder in run_folders() - before:
+            events = folder / "local" / "events.jsonl"
+            if folder.parent == HOST_RESULTS and events.is_file() and '"config_ready"' in events.read_text():
+                res = playbook.play(["bench.yml", "-l", "local", "-e", f"run_id={SECOND}"], timeout=300)
+                print(f"a second suite while the demo measured: exit {res.rc} after {res.seconds:.1f} s")
+                return res.out
+        time.sleep(0.5)
+    return ""
+
+
 @pytest.fixture(scope="module")
 def demo() -> Iterator[Demo]:
     before = run_folders()
     t0 = time.monotonic()
-    res = typed("make demo", timeout=1800)
+    proc = typed_start("make demo")
+    try:
+        second = second_suite_while_measuring(before)
+        out, _ = proc.communicate(timeout=1800)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
     wall = time.monotonic() - t0
     made = run_folders() - before
     try:
-        assert res.returncode == 0, res.stdout[-5000:] + res.stderr[-3000:]
-        match = re.search(r"^local: suite (\S+): 4 configs", res.stdout, re.M)
-        assert match, res.stdout[-3000:]
+        assert proc.returncode == 0, out[-8000:]
+        match = re.search(r"^local: suite (\S+): 4 configs", out, re.M)
+        assert match, out[-3000:]
         print(f"make demo: {wall:.0f} s wall")
-        yield Demo(match.group(1), res.stdout, wall)
+        yield Demo(match.group(1), out, wall, second)
     finally:
         _kill_leftovers(str(HOST_RESULTS))
         for folder in made | (run_folders() - before):
@@ -117,6 +145,20 @@ def test_make_demo_ends_with_the_speedup_table(demo: Demo) -> None:
     print(f"a plot of the demo: {pngs[0]}")
     head = (demo.run_dir / "report.md").read_text().splitlines()[:30]
     print("the terminal report's first 30 lines:\n" + "\n".join(head))
+
+
+def test_a_second_suite_on_the_host_is_refused_while_the_demo_measures(demo: Demo) -> None:
+    """One suite per host, on the embedded default with the real engine: a second `bench.yml -l local` (another run
+    id) started while the demo's servers run is refused within seconds, starts nothing, leaves no folder, and the
+    demo's configs carry no trace of it."""
+    assert demo.second, "the demo ended before a second suite could be tried"
+    assert f"local: this host is running suite {demo.run_id} (invocation " in demo.second, demo.second[-3000:]
+    assert f"To follow it: -e run_id={demo.run_id}; to start this one once it ends: -e wait_for_host=true" in \
+        demo.second
+    assert not (HOST_RESULTS / SECOND).exists() and not (ROOT / "results" / SECOND).exists()
+    for cid in CONFIGS:
+        status = json.loads((demo.host_run / cid / "status.json").read_text())
+        assert status["status"] == "ok" and not [f for f in status.get("foreign") or [] if f.get("run") == SECOND]
 
 
 def test_the_demo_results_follow_the_contract(demo: Demo) -> None:
