@@ -17,10 +17,10 @@ demo: venv engine models
 	@$(BIN)/specfleet where results/$(DEMO_RUN_ID)
 
 # What the tests need is installed first, side by side (the two virtualenvs and the Debian packages do not depend
-# on each other). Three workers; tests that share a resource stay together (tests/conftest.py says which). Ends with
+# on each other). Two workers; tests that share a resource stay together (tests/conftest.py says which). Ends with
 # the time per folder and the 15 slowest tests.
 test: test-deps
-	$(BIN)/python -m pytest -n 3 -rfEs --durations=15 tests
+	$(BIN)/python -m pytest -n 2 -rfEs --durations=15 tests
 	$(MAKE) lint
 
 test-deps:

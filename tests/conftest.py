@@ -5,7 +5,7 @@
 - `testhosts`: the systemd-nspawn test hosts (root); `gpu`: a real NVIDIA GPU (tests/gpu);
 - `engine`: the real CPU engine (set by the tests themselves: the claim is the engine's).
 
-`make test-fast` runs what is not slow; `make test` runs everything on three workers (pytest-xdist) and lists the
+`make test-fast` runs what is not slow; `make test` runs everything on two workers (pytest-xdist) and lists the
 slowest tests. The work units keep what shares a resource on one worker, one test at a time (`GROUPS` below).
 """
 from __future__ import annotations
