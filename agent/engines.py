@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 PORT = "{port}"  # placeholder in rendered commands, replaced by a free port at launch
 
@@ -201,6 +201,17 @@ _VERSION_PROBE = (
     "    print(dist.metadata['Name'], dist.version, c or '-'); break\n"
 )
 
+def flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The value an engine's argparse ends up with for `flag` in `args`: the last of `flag v` and `flag=v`."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
 def _default_batch_vllm(tp: int, gpus: int, gpu_mib: int, args: list[str]) -> int | None:
     """vLLM's own max_num_seqs for its OpenAI server when --max-num-seqs is not given (EngineArgs'
     `_set_default_max_num_seqs_and_batched_tokens_args`, 0.32): 128 x tp on CPU; 1024 on a GPU of 70 GiB or more
@@ -209,8 +220,7 @@ def _default_batch_vllm(tp: int, gpus: int, gpu_mib: int, args: list[str]) -> in
     if gpus and (not gpu_mib or 70 * 1024 <= gpu_mib <= 80 * 1024):
         return None  # memory unknown, or an 80 GB card that may be an A100
     base = 128 * tp if not gpus else 1024 if gpu_mib > 80 * 1024 else 256
-    joined = " ".join(args).replace("=", " ")
-    return base * 2 if "--performance-mode throughput" in joined else base
+    return base * 2 if flag_value(args, "--performance-mode") == "throughput" else base
 
 
 ENGINES: dict[str, Engine] = {

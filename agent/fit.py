@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional, Sequence
 
 from . import probe
+from .engines import flag_value
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float8_e4m3fn": 1,
                "float8_e5m2": 1, "fp8": 1, "int8": 1}
@@ -63,12 +64,8 @@ class Shape:
 def memory_fraction(engine: str, argv: Sequence[str]) -> Optional[float]:
     """The fraction of GPU memory the engine may use: its flag in the command, else its documented default."""
     flag = FRACTION_FLAGS.get(engine)
-    for i, arg in enumerate(argv):
-        if flag and arg == flag and i + 1 < len(argv):
-            return float(argv[i + 1])
-        if flag and arg.startswith(flag + "="):
-            return float(arg.split("=", 1)[1])
-    return DEFAULT_FRACTION.get(engine)
+    given = flag_value(argv, flag) if flag else None
+    return float(given) if given is not None else DEFAULT_FRACTION.get(engine)
 
 
 @dataclass

@@ -102,12 +102,12 @@ def sglang_source(package: Optional[str]) -> Dict[str, Any]:
 CONTEXT_FLAGS = ("--max-model-len", "--context-length")  # vLLM's and SGLang's: the server's context, set by hand
 
 
-def _window(model: Optional[Mapping[str, Any]]) -> Optional[int]:
-    """A model's own context from its config.json (`max_position_embeddings`); None where it was not read, or
-    where RoPE scaling lets the engine derive a longer one."""
+def _window(model: Optional[Mapping[str, Any]], scaled: bool = False) -> Optional[int]:
+    """A model's context from its config.json (`max_position_embeddings`); None where it was not read, or (unless
+    `scaled`) where RoPE scaling lets the engine derive a longer one."""
     config = (model or {}).get("config") or {}
     window = config.get("max_position_embeddings")
-    if not isinstance(window, int) or isinstance(window, bool) or config.get("rope_scaling"):
+    if not isinstance(window, int) or isinstance(window, bool) or (config.get("rope_scaling") and not scaled):
         return None
     return window
 
@@ -134,8 +134,8 @@ def build_limits(cfg: Mapping[str, Any], features: Mapping[str, Any],
         chat = sorted({c["workload"] for c in cfg.get("cells") or [] if isinstance(prompts.get(c["workload"]), list)})
         out += [("prompt", f"chat workload {w!r}: this build's /tokenize takes no messages (SGLang 0.5.15 on)")
                 for w in chat]
-    window = ((drafter or {}).get("config") or {}).get("max_position_embeddings")
-    if cfg.get("draft_model") and isinstance(window, int) and not isinstance(window, bool) and cfg.get("cells"):
+    window = _window(drafter, scaled=True)
+    if cfg.get("draft_model") and window is not None and cfg.get("cells"):
         if longest > window:
             out.append(("drafter", f"its longest request ({longest} tokens: context + max_tokens) is beyond the "
                                    f"drafter's context ({window} tokens, max_position_embeddings in its config.json)"))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from agent import pack, records, workloads
-from agent.engines import ENGINES, PORT, ngram_lookup
+from agent.engines import ENGINES, PORT, flag_value, ngram_lookup
 from agent.logbound import DEFAULT_MAX_BYTES
 from agent.secrets import PLACEHOLDER
 from agent.store import SECRET_KEY
@@ -771,8 +771,7 @@ def validate(suite: dict[str, Any], phases: list[str] | None = None, *, secrets_
         warmup = suite["warmup_max_tokens"]
         for j, cfg in enumerate(phase["configs"]):
             # the warmup request uses the config's first cell: the first sweep that includes it
-            k, sweep = next(((k, s) for k, s in enumerate(phase["sweeps"]) if not s.get("methods")
-                             or label(cfg) in s["methods"] or cfg["method"] == "autoregressive"), (0, {}))
+            k, sweep = next(((k, s) for k, s in enumerate(phase["sweeps"]) if measures(s, cfg)), (0, {}))
             context = (sweep.get("context_tokens") or [0])[0]
             if max_len and context + warmup > max_len:
                 errors.append(f"{PREFIX}warmup_max_tokens: {warmup} tokens after the warmup prompt of "
@@ -807,15 +806,10 @@ def validate(suite: dict[str, Any], phases: list[str] | None = None, *, secrets_
     return Matrix(suite, tuple(phases) if phases else None, from_file)
 
 
-def flag_value(args: list[str], flag: str) -> str | None:
-    """The value the engine's argparse ends up with for `flag` in `args` (the last of `flag v` and `flag=v`)."""
-    value = None
-    for i, arg in enumerate(args):
-        if arg == flag and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith(flag + "="):
-            value = arg.split("=", 1)[1]
-    return value
+def measures(sweep: Mapping[str, Any], cfg: Mapping[str, Any]) -> bool:
+    """Whether a sweep's cells are measured by a config: every config's without `methods`, else the configs it
+    names and the baseline (which measures every cell its phase's configs measure)."""
+    return not sweep.get("methods") or label(cfg) in sweep["methods"] or cfg["method"] == "autoregressive"
 
 
 def batch_problems(suite: dict[str, Any], phase: dict[str, Any], where: str, engine: Any) -> list[str]:
@@ -840,7 +834,7 @@ def batch_problems(suite: dict[str, Any], phase: dict[str, Any], where: str, eng
             source = f"{engine.name}'s default here: {engine.batch_flag} is not given"
             switch = f"set {engine.batch_flag} in server_args"
         for j, sweep in enumerate(phase["sweeps"]):
-            if sweep.get("methods") and label(cfg) not in sweep["methods"] and cfg["method"] != "autoregressive":
+            if not measures(sweep, cfg):
                 continue
             most = max(sweep.get("concurrency", [1]))
             if most > limit:
@@ -880,7 +874,7 @@ def expand(checked: Matrix | dict[str, Any], phases: list[str] | None = None, *,
             lab = label(cfg)
             grid: dict[str, dict[str, Any]] = {}
             for sweep in phase["sweeps"]:
-                if sweep.get("methods") and lab not in sweep["methods"] and cfg["method"] != "autoregressive":
+                if not measures(sweep, cfg):
                     continue
                 reps = sweep.get("repetitions", reps_default)
                 for cell in _cells(suite, sweep):

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.engines import flag_value
 from controller import matrix
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -217,5 +218,5 @@ def test_concurrency_above_the_servers_batch_fails_naming_the_limit_and_its_sour
 
 
 def test_flag_value_reads_the_last_spelling() -> None:
-    assert matrix.flag_value(["--a", "1", "--a=2", "--b", "3"], "--a") == "2"
-    assert matrix.flag_value(["--ab", "1"], "--a") is None and matrix.flag_value(["--a"], "--a") is None
+    assert flag_value(["--a", "1", "--a=2", "--b", "3"], "--a") == "2"
+    assert flag_value(["--ab", "1"], "--a") is None and flag_value(["--a"], "--a") is None
