@@ -161,7 +161,10 @@ def pack(args: argparse.Namespace) -> int:
 
 
 def show_progress(args: argparse.Namespace) -> int:
-    print(json.dumps(progress.read(Path(args.events), args.offset, Path(args.state))))
+    events, state = Path(args.events), Path(args.state)
+    out = (progress.wait(events, args.offset, state, args.wait) if args.wait > 0
+           else progress.read(events, args.offset, state))
+    print(json.dumps(out))
     return 0
 
 
@@ -200,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--events", required=True)
     g.add_argument("--offset", type=int, default=0)
     g.add_argument("--state", required=True)
+    g.add_argument("--wait", type=float, default=0.0,
+                   help="answer once a new event is there or the agent is gone, after this many seconds at the latest")
     g.set_defaults(func=show_progress)
     s = sub.add_parser("schemas", help="write the JSON Schemas of the results' record files")
     s.add_argument("--out", required=True)

@@ -1,15 +1,43 @@
 """`python -m agent progress`: what the controller reads on each poll of a running suite — the complete
 event lines after an offset, the agent's state file, whether its process lives, the starts that were refused
 because another held the run (`attached`: invocation → the invocation to follow) and the free space of the
-results filesystem — as one JSON object on stdout."""
+results filesystem — as one JSON object on stdout. With `--wait S` it answers as soon as a new whole line is
+there or the agent's process is gone, and after S seconds at the latest: the controller asks once per event,
+not once per interval."""
 from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 ATTACH = "agent.attach.jsonl"  # beside the state file: one line per start refused because the run was held
+
+
+def wait(events: Path, offset: int, state_path: Path, wait_s: float, every_s: float = 0.2,
+         clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
+    """`read`, once there is news (a new whole line, or the agent's process gone) or `wait_s` has passed. Between
+    reads only the events file's size is looked at, every `every_s` seconds: next to nothing."""
+    end = clock() + wait_s
+    seen: object = object()  # the size at the last read
+    while True:
+        size = _size(events)
+        if size != seen:
+            out, seen = read(events, offset, state_path), size
+            if out["lines"]:
+                return out
+        left = end - clock()
+        if left <= 0 or not _alive(out["state"].get("pid")):
+            return read(events, offset, state_path)
+        time.sleep(min(every_s, left))
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
 
 
 def read(events: Path, offset: int, state_path: Path) -> dict[str, Any]:

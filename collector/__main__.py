@@ -16,9 +16,15 @@ from agent.records import SCHEMA_VERSION
 from agent.store import now_iso, read_json, write_atomic, write_json
 
 from . import HTML_FILE, PACK_FILE, PLOTS_DIR, VS_FILE
-from .load import load_run
-from .pull import pull
-from .verdict import FAIL_ON, judge
+from .verdict import FAIL_ON
+
+# What a command needs is imported by that command: the playbooks call `stamp` and `unpack` on every run, and
+# neither should pay for pandas and scipy.
+COMPARE = """One run against another: per matching cell (host, config_id, workload, max_tokens, context_tokens,
+concurrency) B ÷ A of mean tok/s with the report's 95% interval for a ratio of means; the cells only one run has,
+the cells a run failed or skipped, and what differs in the hosts' environments. A cell regressed when B ÷ A is
+below 1 - threshold and its interval lies wholly below 1; improved, symmetrically. Exits 1 when a cell regressed or
+a config ok in A failed or was skipped in B (it broke), so that it can gate a CI job after an engine bump."""
 
 
 def _commit() -> str | None:
@@ -80,6 +86,8 @@ def _run_dir(path: str) -> Path | None:
 
 
 def _load(root: Path) -> Any:
+    from .load import load_run
+
     # the report's modules (pandas, scipy) load here while other processes read the request lines of a large run
     run = load_run(root, meanwhile=lambda: importlib.import_module(".report", __package__))
     for p in run.problems:
@@ -157,9 +165,50 @@ def verdict(args: argparse.Namespace) -> int:
     if not root.is_dir():
         print(f"no such run folder: {root}", file=sys.stderr)
         return 2
+    from .load import load_run
+    from .verdict import judge
+
     result = judge(load_run(root), args.hosts, args.fail_on)
     print("\n".join(result.lines))
     return 0 if result.ok else 1
+
+
+def _threshold(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a fraction from 0 up to (not including) 1")
+    return value
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from .compare import main as compare_main
+
+    return compare_main(args)
+
+
+def add_compare_parser(sub: Any) -> None:
+    """The `compare` subcommand, on the subparsers `sub` of the collector's command line."""
+    p = sub.add_parser("compare", help="compare two runs cell by cell; exit 1 when a cell regressed or broke",
+                       description=COMPARE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_a", metavar="RUN_A", help="the reference run's folder (results/<run_id>), e.g. before an "
+                   "engine bump")
+    p.add_argument("run_b", metavar="RUN_B", help="the run to judge against it, e.g. after the bump")
+    p.add_argument("--threshold", type=_threshold, default=0.05,
+                   help="a cell regressed when B ÷ A of its tok/s is below 1 - THRESHOLD and its 95%% interval lies "
+                        "below 1 (a fraction: 0.05 is 5%%; default: %(default)s)")
+    p.add_argument("--format", choices=("md", "json"), default="md", help="markdown text or JSON (default: md)")
+    p.add_argument("--wide", action="store_true", help="markdown: one table with every column instead of "
+                   "tables per cell that fit 120 columns")
+    p.set_defaults(func=_compare)
+
+
+def _pull(args: argparse.Namespace) -> int:
+    from .pull import pull
+
+    return int(pull(args.limit, args.run_id, args.inventory, args.results, args.project))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,9 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                    f"the run folder, the plots into {PLOTS_DIR}/, {VS_FILE} when DDTree and DFlash share a cell, "
                    f"and {PACK_FILE} when a packed phase has a pack check")
     r.set_defaults(func=report)
-    from .compare import add_parser
-
-    add_parser(sub)
+    add_compare_parser(sub)
     g = sub.add_parser("plot", help="draw a run's plots (PNG and SVG)", description="Draw a run's plots: speedup "
                        "against DDTree budget, tok/s, acceptance length, context and concurrency sweeps, latency.")
     g.add_argument("run_dir", metavar="RUN_DIR", help="the run's folder, results/<run_id>")
@@ -199,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     u.add_argument("-i", "--inventory", action="append", default=[], help="inventory (default: the project's)")
     u.add_argument("--results", help="the controller's results folder (default: the project's results/)")
     u.add_argument("--project", help="the specfleet project folder (default: the current folder)")
-    u.set_defaults(func=lambda a: pull(a.limit, a.run_id, a.inventory, a.results, a.project))
+    u.set_defaults(func=_pull)
     s = sub.add_parser("stamp", help="record the start or end of a session of a run in run.json (the playbooks "
                        "call it)", description="Record the start or end of a session of a run in run.json.")
     s.add_argument("run_dir", metavar="RUN_DIR", help="the run's folder, results/<run_id>")

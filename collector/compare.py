@@ -1,9 +1,8 @@
 """One run against another: per matching cell (host, config_id, workload, max_tokens, context_tokens,
 concurrency) B ÷ A of mean tok/s with the report's 95% interval for a ratio of means; the cells only one run has,
 the cells a run failed or skipped, and what differs in the hosts' environments. A cell regressed when B ÷ A is
-below 1 - threshold and its interval lies wholly below 1; improved, symmetrically. The `compare` command exits 1
-when a cell regressed or a config ok in A failed or was skipped in B (it broke), so that it can gate a CI job
-after an engine bump."""
+below 1 - threshold and its interval lies wholly below 1; improved, symmetrically. `specfleet compare`
+(collector/__main__.py) prints it and exits 1 when a cell regressed or a config broke."""
 from __future__ import annotations
 
 import argparse
@@ -290,29 +289,3 @@ def main(args: argparse.Namespace) -> int:
     result = compare(a, b, args.threshold)
     sys.stdout.write(result.to_json() if args.format == "json" else result.text(wide=args.wide))
     return 1 if result.regressed or result.broken else 0
-
-
-def _threshold(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a fraction from 0 up to (not including) 1")
-    return value
-
-
-def add_parser(sub: Any) -> None:
-    """The `compare` subcommand, on the subparsers `sub` of the collector's command line."""
-    p = sub.add_parser("compare", help="compare two runs cell by cell; exit 1 when a cell regressed or broke",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run_a", metavar="RUN_A", help="the reference run's folder (results/<run_id>), e.g. before an "
-                   "engine bump")
-    p.add_argument("run_b", metavar="RUN_B", help="the run to judge against it, e.g. after the bump")
-    p.add_argument("--threshold", type=_threshold, default=0.05,
-                   help="a cell regressed when B ÷ A of its tok/s is below 1 - THRESHOLD and its 95%% interval lies "
-                        "below 1 (a fraction: 0.05 is 5%%; default: %(default)s)")
-    p.add_argument("--format", choices=("md", "json"), default="md", help="markdown text or JSON (default: md)")
-    p.add_argument("--wide", action="store_true", help="markdown: one table with every column instead of "
-                   "tables per cell that fit 120 columns")
-    p.set_defaults(func=main)

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .load import Run
+if TYPE_CHECKING:
+    from .load import Run
 
 FAIL_ON = ("none_ok", "any", "never")
 

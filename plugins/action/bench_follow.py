@@ -1,8 +1,10 @@
 """Action `bench_follow`: follow the agent's progress events on the host until its suite ends.
 
 Each poll runs `python <agent> progress` on the host (the archive the role installed, or `-m agent` in
-`agent_dir`); `controller.follow` turns the answers into progress
-lines as they happen and the task's result. Fails with the agent's own log when it dies early.
+`agent_dir`): until the agent has started, after 0.25 s, then twice as long each time up to `interval` seconds;
+then one poll at a time that waits on the host for the next event (`wait` seconds at most). `controller.follow`
+turns the answers into progress lines as they happen and the task's result. Fails with the agent's own log when it
+dies early.
 """
 from __future__ import annotations
 
@@ -36,13 +38,16 @@ class ActionModule(ActionBase):
         timeout = float(a.get("timeout", 172800))
         start_timeout = float(a.get("start_timeout", 60))
         interval = float(a.get("interval", 2))
+        wait = float(a.get("wait", 15))
         entry = [a["agent"]] if a.get("agent") else ["-m", "agent"]  # the archive, or the package in agent_dir
-        t0 = time.monotonic()
+        t0, pause = time.monotonic(), 0.25
         while True:
+            left = max(timeout - (time.monotonic() - t0), 0.0)
             cmd = (f"cd {shlex.quote(a['agent_dir'])} && "
                    + " ".join(shlex.quote(x) for x in (a["python"], *entry, "progress", "--events",
                                                        a["events"], "--offset", str(follow.offset),
-                                                       "--state", a["state"])))
+                                                       "--state", a["state"], "--wait",
+                                                       str(min(wait, left) if follow.followed else 0))))
             res = self._low_level_execute_command(cmd)
             if res.get("rc") != 0:
                 result.update(failed=True, msg=f"cannot read progress on {host}: {res.get('stderr', '')[-500:]}")
@@ -57,7 +62,8 @@ class ActionModule(ActionBase):
                         result.update(failed=True, msg=f"the agent did not start on {host} within "
                                                        f"{start_timeout:.0f} s; see {follow.log}")
                         return result
-                    time.sleep(interval)
+                    time.sleep(min(pause, interval))
+                    pause *= 2
                     continue
                 if note:
                     display.display(f"{host}: {note}")
@@ -72,4 +78,3 @@ class ActionModule(ActionBase):
                     result.update(failed=True, msg=f"still running on {host} after {timeout:.0f} s; re-run with "
                                                    f"the same run_id to attach")
                     return result
-                time.sleep(interval)

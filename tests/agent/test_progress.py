@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -202,3 +204,38 @@ def test_refused_starts_are_read_as_whom_to_follow(host: Path) -> None:
         '{"invocation": "inv-4", "follow": 5}\n{"invocation": "inv-2", "follow": "inv-0"}\n')
     out = progress.read(host / "events.jsonl", 0, host / "agent.json")
     assert out["attached"] == {"inv-2": "inv-0"}
+
+
+def test_a_waiting_poll_answers_once_a_whole_line_arrives(host: Path) -> None:
+    """`--wait`: a partial line keeps it waiting; the line's end wakes it, long before its deadline."""
+    events, state = host / "events.jsonl", host / "agent.json"
+    write_json(state, {"pid": os.getpid(), "state": "running"})
+    append(events, b"old\n")
+    writer = threading.Timer(0.3, append, (events, b"par"))
+    ender = threading.Timer(0.8, append, (events, b"tial\n"))
+    writer.start(), ender.start()
+    t0 = time.monotonic()
+    out = progress.wait(events, 4, state, wait_s=20, every_s=0.05)
+    assert out["lines"] == "partial\n" and out["offset"] == 12
+    assert 0.7 < time.monotonic() - t0 < 10
+
+
+def test_a_waiting_poll_without_news_answers_at_its_deadline(host: Path) -> None:
+    write_json(host / "agent.json", {"pid": os.getpid(), "state": "running"})
+    t0 = time.monotonic()
+    out = progress.wait(host / "events.jsonl", 0, host / "agent.json", wait_s=0.5, every_s=0.05)
+    assert out["lines"] == "" and out["alive"] is True and time.monotonic() - t0 >= 0.5
+
+
+def test_a_waiting_poll_answers_at_once_when_the_agent_is_gone(host: Path) -> None:
+    write_json(host / "agent.json", {"pid": dead_pid(), "state": "running"})
+    t0 = time.monotonic()
+    out = progress.wait(host / "events.jsonl", 0, host / "agent.json", wait_s=60)
+    assert out["alive"] is False and time.monotonic() - t0 < 10
+
+
+def test_the_wait_option_on_the_command_line(host: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    append(host / "events.jsonl", b"one\n")
+    assert main(["progress", "--events", str(host / "events.jsonl"), "--state", str(host / "agent.json"),
+                 "--wait", "30"]) == 0  # a line is there already: no waiting
+    assert json.loads(capsys.readouterr().out)["lines"] == "one\n"

@@ -20,7 +20,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 import pytest
 
-from collector.compare import add_parser, compare
+from collector.__main__ import add_compare_parser as add_parser
+from collector.compare import compare
 from collector.load import load_run
 from collector.views import WIDTH
 from tests.collector.test_collector import cell, expected_log_ratio_ci, make_config, make_run

@@ -20,6 +20,7 @@ from typing import Any, Iterator
 import pytest
 
 from tests import playbook
+from tests.conftest import short_tmp
 from tests.hosts.testhosts import TestHosts
 from tests.hosts.testhosts import run as run_command
 from tests.readme import typed
@@ -59,6 +60,13 @@ def host_events(th: TestHosts, host: str, run: str) -> list[dict[str, Any]]:
 
 
 STANDIN_DIR = "/opt/specfleet/standin"
+
+
+@pytest.fixture
+def ssh_dir() -> Iterator[Path]:
+    """A folder for SSH's control sockets (a short path: a socket's holds 107 bytes at most)."""
+    with short_tmp("cp-") as folder:
+        yield folder
 
 
 @pytest.fixture(scope="module")
@@ -184,13 +192,16 @@ def test_model_unreadable_by_the_service_user_is_refused_before_start(testhosts:
 
 def test_one_host_unreachable_mid_suite_the_other_completes(two_host_run: tuple[Bench, str, str],
                                                            testhosts: TestHosts, standin: dict[str, str],
-                                                           tmp_path: Path) -> None:
+                                                           tmp_path: Path, ssh_dir: Path) -> None:
     """th2's link goes down while its suite runs: th1 completes and is reported, th2 is reported unreachable;
     once th2 is back, a re-run with the same run id picks up what th2 did meanwhile and completes it."""
     run = "it-unreachable"
     bench = Bench(tmp_path)
+    # a link that is down is found after 3 s x 2 unanswered keepalives, on connections of this run's own (the ones
+    # earlier runs left open keep the inventory's 30 s x 3)
     env = {"ANSIBLE_SSH_ARGS": "-o ControlMaster=auto -o ControlPersist=300s "
-                               "-o ServerAliveInterval=3 -o ServerAliveCountMax=2"}
+                               "-o ServerAliveInterval=3 -o ServerAliveCountMax=2",
+           "ANSIBLE_SSH_CONTROL_PATH_DIR": str(ssh_dir)}
     veth = testhosts.netns("th2")  # th2's end of the bridge
     proc = playbook.start(bench.args({"run_id": run, **standin}, limit="testhosts"), env=env, new_session=True)
     try:
