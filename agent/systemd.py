@@ -12,13 +12,14 @@ import os
 import re
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 from .classify import Reason
 from .logbound import DEFAULT_MAX_BYTES, BoundedLog
 from .pack import Slot
-from .server import Server, StartupFailed, wait_until
+from .server import POLL_S, Server, StartupFailed, wait_until
 from .store import write_atomic
 from .sweep import MARK, sweep
 
@@ -193,12 +194,13 @@ class SystemdServer(Server):
                 os.unlink(tmp)
 
     def stop(self, deadline_s: float) -> None:
-        """systemctl stop (SIGTERM, SIGKILL of the unit's cgroup after TimeoutStopSec), then verify the
-        unit is inactive, its main process gone, the port free; save the invocation's journal; remove
-        the env file."""
+        """systemctl stop (SIGTERM to the unit's cgroup); once the main process has exited, what is left of the
+        cgroup gets 1 s and then SIGKILL, as the process backend treats its group (systemd itself would give it
+        TimeoutStopSec again); SIGKILL also when the main process outlives the deadline. Then verify the unit is
+        inactive, the port free; save the invocation's journal; remove the env file."""
         try:
-            _systemctl("stop", self.unit)
-            if not wait_until(lambda: self._show().get("ActiveState") in ("inactive", "failed"), deadline_s + 30):
+            _systemctl("stop", "--no-block", self.unit)
+            if not self._stopped(deadline_s + 30):
                 _systemctl("kill", "--signal=SIGKILL", self.unit)
                 if not wait_until(lambda: self._show().get("ActiveState") in ("inactive", "failed"), 30):
                     raise RuntimeError(f"{self.unit} did not stop")
@@ -215,6 +217,20 @@ class SystemdServer(Server):
                 self.dropin.unlink()
                 _systemctl("daemon-reload")
             _systemctl("reset-failed", self.unit)
+
+
+    def _stopped(self, deadline_s: float, grace_s: float = 1.0) -> bool:
+        """Whether the unit went inactive within `deadline_s` and within `grace_s` of its main process's exit."""
+        end, main_gone = time.monotonic() + deadline_s, None
+        while True:
+            state, now = self._show(), time.monotonic()
+            if state.get("ActiveState") in ("inactive", "failed"):
+                return True
+            if state.get("MainPID", "0") in ("0", ""):  # the main process exited: the rest of the cgroup lingers
+                main_gone = main_gone or now
+            if now >= end or (main_gone is not None and now - main_gone >= grace_s):
+                return False
+            time.sleep(POLL_S)
 
 
 def _cgroup(pid: int) -> str:

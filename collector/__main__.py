@@ -1,9 +1,11 @@
 """The `specfleet` command (also `python -m collector`): `report`, `compare`, `plot`, `where`, `pull`, and for the
-playbooks `stamp` (run.json), `unpack` (one host's archive into the run folder) and `verdict`."""
+playbooks `stamp` (run.json), `unpack` (one host's archive into the run folder), `finish` (run.json closed, the
+report written, the run judged) and `verdict`."""
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import shutil
 import subprocess
@@ -38,22 +40,25 @@ def _commit() -> str | None:
 
 def stamp(args: argparse.Namespace) -> int:
     """Create or update `run.json`; started_at is kept across resumed sessions."""
-    root = Path(args.run_dir)
+    _stamp(Path(args.run_dir), args.event, args.suite, args.hosts)
+    return 0
+
+
+def _stamp(root: Path, event: str, suite: str | None, hosts: list[str]) -> None:
     meta = read_json(root / "run.json") or {}
     now = now_iso()
     meta.setdefault("run_id", root.name)
     meta.setdefault("started_at", now)
-    meta.update(schema_version=SCHEMA_VERSION, suite=args.suite or meta.get("suite"),
+    meta.update(schema_version=SCHEMA_VERSION, suite=suite or meta.get("suite"),
                 project_version=_commit() or meta.get("project_version"))
-    if args.event == "start":
+    if event == "start":
         meta["finished_at"] = None
-        meta.setdefault("sessions", []).append({"started_at": now, "hosts": args.hosts})
+        meta.setdefault("sessions", []).append({"started_at": now, "hosts": hosts})
     else:
         meta["finished_at"] = now
-        hosts = sorted({*meta.get("hosts", []), *args.hosts})
+        hosts = sorted({*meta.get("hosts", []), *hosts})
         meta["hosts"] = hosts
     write_json(root / "run.json", meta)
-    return 0
 
 
 def unpack(args: argparse.Namespace) -> int:
@@ -107,25 +112,53 @@ def report(args: argparse.Namespace) -> int:
     if root is None:
         return 2
     run = _load(root)
-    from . import html
-    from .report import ddtree_vs_dflash_csv, pack_check_csv, render, table
+    from .report import render
 
-    if args.format == "html" or args.write:
-        df = table(run)
-        written = _plots(run, df, root / PLOTS_DIR)
-        page = html.render(run, df, written)
-    if args.write:
-        for fmt in ("md", "csv", "json"):
-            write_atomic(root / f"report.{fmt}", render(run, fmt).encode())
-        write_atomic(root / HTML_FILE, page.encode())
-        # no DDTree and DFlash in one group, no pack check (any more): no file, not an empty one
-        for name, text in ((VS_FILE, ddtree_vs_dflash_csv(run)), (PACK_FILE, pack_check_csv(run))):
-            if text is None:
-                (root / name).unlink(missing_ok=True)
-            else:
-                write_atomic(root / name, text.encode())
+    page = _write(root, run) if args.write else _page(root, run) if args.format == "html" else ""
     sys.stdout.write(page if args.format == "html" else render(run, args.format, wide=args.wide))
     return 0
+
+
+def _page(root: Path, run: Any) -> str:
+    """report.html's text, the plots written into the run folder."""
+    from . import html
+    from .report import table
+
+    df = table(run)
+    return html.render(run, df, _plots(run, df, root / PLOTS_DIR))
+
+
+def _write(root: Path, run: Any) -> str:
+    """Write every report file and the plots into the run folder; report.html's text."""
+    from .report import ddtree_vs_dflash_csv, pack_check_csv, render
+
+    page = _page(root, run)
+    for fmt in ("md", "csv", "json"):
+        write_atomic(root / f"report.{fmt}", render(run, fmt).encode())
+    write_atomic(root / HTML_FILE, page.encode())
+    # no DDTree and DFlash in one group, no pack check (any more): no file, not an empty one
+    for name, text in ((VS_FILE, ddtree_vs_dflash_csv(run)), (PACK_FILE, pack_check_csv(run))):
+        if text is None:
+            (root / name).unlink(missing_ok=True)
+        else:
+            write_atomic(root / name, text.encode())
+    return page
+
+
+def finish(args: argparse.Namespace) -> int:
+    """The end of a playbook's session, in one process: run.json closed, every report file written, the markdown
+    report printed, then the verdict as one JSON line ({"ok", "lines"}); exit 1 when the run fails `--fail-on`."""
+    root = Path(args.run_dir)
+    _stamp(root, "finish", args.suite, args.hosts)
+    run = _load(root)
+    from .report import render
+    from .verdict import judge
+
+    _write(root, run)
+    result = judge(run, args.hosts, args.fail_on)
+    sys.stdout.write(render(run, "md"))
+    print("\n" + json.dumps({"ok": result.ok, "lines": result.lines}))
+    return 0 if result.ok else 1
 
 
 def plot(args: argparse.Namespace) -> int:
@@ -261,6 +294,14 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("host", help="the host the archive came from")
     k.add_argument("archive", help="the host's tar archive of its results")
     k.set_defaults(func=unpack)
+    f = sub.add_parser("finish", help="close the session in run.json, write the report and judge the run (the "
+                       "playbooks call it)", description="Close the session in run.json, write every report file, "
+                       "print the report, then the verdict as one JSON line; exit 1 when the run fails --fail-on.")
+    f.add_argument("run_dir", metavar="RUN_DIR", help="the run's folder, results/<run_id>")
+    f.add_argument("--suite", help="the suite's name")
+    f.add_argument("--fail-on", choices=FAIL_ON, default="none_ok", help="what fails the run (default: none_ok)")
+    f.add_argument("--hosts", nargs="*", default=[], help="the hosts of the session")
+    f.set_defaults(func=finish)
     v = sub.add_parser("verdict", help="exit 1 when the run's statuses fail bench_fail_on",
                        description="Exit 1 when the run's statuses fail bench_fail_on.")
     v.add_argument("run_dir", metavar="RUN_DIR", help="the run's folder, results/<run_id>")

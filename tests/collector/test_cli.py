@@ -3,6 +3,7 @@ whose command reports a run from any folder, without the project's checkout on t
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -38,7 +39,7 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
 
 def test_every_argument_of_every_command_has_help_text() -> None:
     found = parsers()
-    assert {"report", "compare", "plot", "where", "pull", "stamp", "unpack", "verdict"} <= set(found)
+    assert {"report", "compare", "plot", "where", "pull", "stamp", "unpack", "finish", "verdict"} <= set(found)
     missing = [f"{name} {a.dest}" for name, p in found.items() for a in p._actions
                if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)) and not a.help]
     assert missing == []
@@ -86,3 +87,26 @@ def test_pip_install_gives_a_specfleet_command_that_runs_without_the_checkout(tm
     assert told.returncode == 0, told.stderr
     assert told.stdout.splitlines()[0].startswith(f"report: {run_dir / 'report.html'}")
     assert (run_dir / "report.html").stat().st_size > 0 and list((run_dir / "plots").glob("*.png"))
+
+
+@pytest.mark.parametrize(("fail_on", "code"), [("none_ok", 0), ("any", 1), ("never", 0)])
+def test_finish_closes_the_session_writes_the_report_and_judges_in_one_process(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], fail_on: str, code: int) -> None:
+    """What the report step of the playbooks runs: run.json closed with the session's hosts, every report file
+    written, the markdown report printed, then the verdict as one JSON line; exit 1 only when it fails."""
+    run_dir = make_run(tmp_path)
+    make_config(run_dir, "h1", "tp1-autoregressive", method="autoregressive", cells=[cell("fib")],
+                samples={FIB: [10.0, 12.0, 14.0]})
+    make_config(run_dir, "h1", "tp1-dflash", method="dflash", method_params={"num_speculative_tokens": 4},
+                cells=[cell("fib")], status="failed", reason="oom")
+    assert main(["finish", str(run_dir), "--suite", "s", "--fail-on", fail_on, "--hosts", "h1"]) == code
+    out = capsys.readouterr().out.splitlines()
+    verdict = json.loads(out[-1])
+    assert verdict["ok"] is (code == 0)
+    assert verdict["lines"][0].startswith("h1: 2 configs: 1 ok, 1 failed, 0 skipped (oom 1)")
+    assert ("fails the run" in verdict["lines"][0]) is (code == 1)
+    assert "\n".join(out[:-1]).strip() == (run_dir / "report.md").read_text().strip()
+    for name in ("report.csv", "report.json", "report.html"):
+        assert (run_dir / name).is_file(), name
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["finished_at"] != "2026-11-30T08:00:00+00:00" and meta["hosts"] == ["h1"] and meta["suite"] == "s"

@@ -26,7 +26,7 @@ from tests.hosts.testhosts import run as run_command
 from tests.readme import typed
 from tests.standin import ENGINE
 
-from .conftest import ROOT, Bench
+from .conftest import ROOT, Bench, reduced_matrix
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="test hosts need root")
 HOSTS = ("th1", "th2")
@@ -229,4 +229,21 @@ def test_one_host_unreachable_mid_suite_the_other_completes(two_host_run: tuple[
     both = statuses(bench.results, run)
     assert {h for h, _ in both} == {"th1", "th2"} and all(s["status"] == "ok" for s in both.values())
     assert cells(bench.results, run) == cells(two_host_run[0].results, two_host_run[1])
+    assert_clean(testhosts)
+
+
+def test_a_server_that_leaves_a_process_behind_is_stopped_in_seconds(testhosts: TestHosts, standin: dict[str, str],
+                                                                    tmp_path: Path) -> None:
+    """The unit's main process exits on SIGTERM but leaves a child that ignores it (as an engine worker stuck in its
+    own shutdown does): the child gets 1 s and then SIGKILL, not systemd's whole stop timeout (30 s here)."""
+    run = "it-linger"
+    matrix = reduced_matrix([{"method": "autoregressive", "env": {"STANDIN_LINGER": "1"}}], workloads=["fib"],
+                            context_tokens=[0], concurrency=[1])
+    res = Bench(tmp_path).run({**matrix, "run_id": run, **standin}, limit="th1", timeout=600)
+    assert res.returncode == 0, playbook.why(res.stdout)
+    status = statuses(tmp_path / "results", run)[("th1", "tp1-autoregressive")]
+    assert status["status"] == "ok" and status["stop_s"] < 10, status
+    log = (tmp_path / "results" / run / "th1/tp1-autoregressive/server.log").read_text()
+    assert "Stopped specfleet-vllm@tp1-autoregressive.service" in log and "timed out" not in log, log[-2000:]
+    assert testhosts.ssh("th1", "pgrep -f lingering-child", check=False).stdout.strip() == ""
     assert_clean(testhosts)

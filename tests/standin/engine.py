@@ -48,6 +48,8 @@ Knobs, from the environment (a config's `env` reaches it) or, for the GPU ones, 
                            than it streamed (the first request, the warmup, is never touched)
     STANDIN_LOG_FLOOD_MIB  write that many MiB to its output before serving, then `FLOOD-END`
     STANDIN_HELPER=1       start a helper that leaves the process group (setsid) and sleeps, output pipe held open
+    STANDIN_LINGER=1       start a child that stays in the group, ignores SIGTERM and sleeps: it outlives the server
+                           (as an engine's worker stuck in its own shutdown does)
     STANDIN_STOP_S         seconds between SIGTERM and exit (a slow shutdown)
     STANDIN_ECHO_ENV=1     log the environment's token and key variables, as careless engines do
     STANDIN_VERSION        the version the fingerprint probe reports (default: the pinned one of the dialect)
@@ -538,10 +540,13 @@ REPORT: Dict[str, Any] = {}
 
 
 def launched() -> None:
-    """The knobs that act as soon as a server is launched, before it says anything: the helper, the flood."""
+    """The knobs that act as soon as a server is launched, before it says anything: the helpers, the flood."""
     if os.environ.get("STANDIN_HELPER") == "1":
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)  # escaped-helper"],
                          start_new_session=True)
+    if os.environ.get("STANDIN_LINGER") == "1":
+        subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                          "time.sleep(3600)  # lingering-child"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     flood = int(env_float("STANDIN_LOG_FLOOD_MIB", 0))
     if flood:
         block = (b"x" * 1023 + b"\n") * 1024
