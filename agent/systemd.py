@@ -218,7 +218,6 @@ class SystemdServer(Server):
                 _systemctl("daemon-reload")
             _systemctl("reset-failed", self.unit)
 
-
     def _stopped(self, deadline_s: float, grace_s: float = 1.0) -> bool:
         """Whether the unit went inactive within `deadline_s` and within `grace_s` of its main process's exit."""
         end, main_gone = time.monotonic() + deadline_s, None

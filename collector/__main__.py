@@ -21,7 +21,7 @@ from . import HTML_FILE, PACK_FILE, PLOTS_DIR, VS_FILE
 from .verdict import FAIL_ON
 
 # What a command needs is imported by that command: the playbooks call `stamp` and `unpack` on every run, and
-# neither should pay for pandas and scipy.
+# neither should pay for pandas and scipy. So `compare`'s parser is here, its description too:
 COMPARE = """One run against another: per matching cell (host, config_id, workload, max_tokens, context_tokens,
 concurrency) B ÷ A of mean tok/s with the report's 95% interval for a ratio of means; the cells only one run has,
 the cells a run failed or skipped, and what differs in the hosts' environments. A cell regressed when B ÷ A is
@@ -114,8 +114,9 @@ def report(args: argparse.Namespace) -> int:
     run = _load(root)
     from .report import render
 
-    page = _write(root, run) if args.write else _page(root, run) if args.format == "html" else ""
-    sys.stdout.write(page if args.format == "html" else render(run, args.format, wide=args.wide))
+    written = _write(root, run) if args.write else {"html": _page(root, run)} if args.format == "html" else {}
+    shown = written.get(args.format) if not args.wide else None
+    sys.stdout.write(shown if shown is not None else render(run, args.format, wide=args.wide))
     return 0
 
 
@@ -128,21 +129,21 @@ def _page(root: Path, run: Any) -> str:
     return html.render(run, df, _plots(run, df, root / PLOTS_DIR))
 
 
-def _write(root: Path, run: Any) -> str:
-    """Write every report file and the plots into the run folder; report.html's text."""
+def _write(root: Path, run: Any) -> dict[str, str]:
+    """Write every report file and the plots into the run folder; the text of each report file by format."""
     from .report import ddtree_vs_dflash_csv, pack_check_csv, render
 
-    page = _page(root, run)
-    for fmt in ("md", "csv", "json"):
-        write_atomic(root / f"report.{fmt}", render(run, fmt).encode())
-    write_atomic(root / HTML_FILE, page.encode())
+    texts = {fmt: render(run, fmt) for fmt in ("md", "csv", "json")}
+    texts["html"] = _page(root, run)
+    for fmt, text in texts.items():
+        write_atomic(root / (HTML_FILE if fmt == "html" else f"report.{fmt}"), text.encode())
     # no DDTree and DFlash in one group, no pack check (any more): no file, not an empty one
     for name, text in ((VS_FILE, ddtree_vs_dflash_csv(run)), (PACK_FILE, pack_check_csv(run))):
         if text is None:
             (root / name).unlink(missing_ok=True)
         else:
             write_atomic(root / name, text.encode())
-    return page
+    return texts
 
 
 def finish(args: argparse.Namespace) -> int:
@@ -151,12 +152,11 @@ def finish(args: argparse.Namespace) -> int:
     root = Path(args.run_dir)
     _stamp(root, "finish", args.suite, args.hosts)
     run = _load(root)
-    from .report import render
     from .verdict import judge
 
-    _write(root, run)
+    report_md = _write(root, run)["md"]
     result = judge(run, args.hosts, args.fail_on)
-    sys.stdout.write(render(run, "md"))
+    sys.stdout.write(report_md)
     print("\n" + json.dumps({"ok": result.ok, "lines": result.lines}))
     return 0 if result.ok else 1
 

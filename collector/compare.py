@@ -1,8 +1,5 @@
-"""One run against another: per matching cell (host, config_id, workload, max_tokens, context_tokens,
-concurrency) B ÷ A of mean tok/s with the report's 95% interval for a ratio of means; the cells only one run has,
-the cells a run failed or skipped, and what differs in the hosts' environments. A cell regressed when B ÷ A is
-below 1 - threshold and its interval lies wholly below 1; improved, symmetrically. `specfleet compare`
-(collector/__main__.py) prints it and exits 1 when a cell regressed or a config broke."""
+"""One run against another, cell by cell: the figures `specfleet compare` prints and the verdicts it exits by (what
+they mean: `COMPARE` in collector/__main__.py, its --help)."""
 from __future__ import annotations
 
 import argparse
