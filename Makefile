@@ -42,11 +42,12 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	$(BIN)/pip install -q $(PIP_ARGS) --no-deps -e .
 	touch $@
 
-# vLLM's CPU build: the CUDA-only torchvision/torchaudio/torchcodec it pulls in break its import.
+# vLLM's CPU build, installed from the offline wheelhouse (downloaded once, installed from local files: the test
+# hosts install from the same wheelhouse). The CUDA-only torchvision/torchaudio/torchcodec it pulls in break its
+# import.
 engine: $(ENGINE)/.installed
-$(ENGINE)/.installed: requirements-engine.txt
-	$(PYTHON) -m venv $(ENGINE)
-	$(ENGINE)/bin/pip install -q $(PIP_ARGS) -r requirements-engine.txt
+$(ENGINE)/.installed: requirements-engine.txt $(WHEELHOUSE)/.complete
+	$(ENGINE)/bin/pip install -q $(PIP_ARGS) --no-index --find-links $(WHEELHOUSE) -r requirements-engine.txt
 	$(ENGINE)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
 
@@ -65,9 +66,11 @@ host-deps:
 		else echo "missing Debian packages (tests that need them will skip): $$missing"; fi; \
 	fi
 
-# Offline wheelhouse of the CPU engine, for hosts with no index (the test hosts).
+# Offline wheelhouse of the CPU engine: what `engine` installs here and the `engine_venv` role on hosts with no
+# index (the test hosts). The engine's venv provides the pip that downloads it.
 wheelhouse: $(WHEELHOUSE)/.complete
-$(WHEELHOUSE)/.complete: requirements-engine.txt $(ENGINE)/.installed
+$(WHEELHOUSE)/.complete: requirements-engine.txt
+	test -x $(ENGINE)/bin/pip || $(PYTHON) -m venv $(ENGINE)
 	$(ENGINE)/bin/pip download -q $(PIP_ARGS) -r requirements-engine.txt pip setuptools wheel -d $(WHEELHOUSE)
 	touch $@
 

@@ -11,6 +11,8 @@ slowest tests. The work units keep what shares a resource on one worker, one tes
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -93,6 +95,24 @@ def short_tmp(prefix: str = "sf-") -> Iterator[Path]:
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def engine_help(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real CPU engine's `--help`, read once per worker by the agent's own reader, in the file a host keeps it
+    in (its key names the engine's Python, module and build: agent/probe.py). Tests whose claim is not reading it
+    start from it (`Bench.seed_engine_help`); the engine contract compares the stand-in's flags with it."""
+    from agent import probe
+    from agent.engines import DISTRIBUTIONS, ENGINES
+
+    python = ROOT / ".cache/engine-venv/bin/python"
+    module = ENGINES["vllm"].module
+    read = probe.engine(str(python), module, DISTRIBUTIONS["vllm"], {**os.environ, "VLLM_NO_USAGE_STATS": "1"})
+    assert read.get("flags") and read.get("key"), read
+    path = probe.cache_path(str(tmp_path_factory.mktemp("engine-help")), read["key"])
+    path.write_text(json.dumps({"python": str(python), "module": module, "version": read["version"],
+                                "flags": read["flags"], "choices": read["choices"], "features": read["features"]}))
+    return path
 
 
 _SECONDS: dict[str, float] = {}

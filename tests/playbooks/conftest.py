@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -70,6 +71,12 @@ class Bench:
 
     def host_run(self, run_id: str) -> Path:
         return self.host_dir / "results" / run_id / "local"
+
+    def seed_engine_help(self, kept: Path) -> None:
+        """This host folder's engine cache starts with the engine's `--help` as a host keeps it after one run
+        (agent/probe.py): a test whose claim is not reading it does not pay the seconds of reading it again."""
+        (self.host_dir / "cache").mkdir(parents=True, exist_ok=True)
+        shutil.copy(kept, self.host_dir / "cache" / kept.name)
 
     def events(self, run_id: str) -> list[dict[str, Any]]:
         path = self.host_run(run_id) / "events.jsonl"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,8 +17,9 @@ CPUS = sorted(os.sched_getaffinity(0))
 pytestmark = [pytest.mark.skipif(len(CPUS) < 2, reason="two CPU slots need two CPUs"), pytest.mark.engine]
 
 
-def test_a_packed_suite_on_two_cpu_slots(bench: Bench) -> None:
+def test_a_packed_suite_on_two_cpu_slots(bench: Bench, engine_help: Path) -> None:
     run = "it-packed"
+    bench.seed_engine_help(engine_help)
     configs = [{"method": "autoregressive"}, {"method": "ngram", "num_speculative_tokens": 2}]
     extra: dict[str, Any] = {**reduced_matrix(configs), "run_id": run, "bench_pack": "true",
                              "bench_pack_check": True, "bench_slots": [{"cpus": str(c)} for c in CPUS[:2]]}

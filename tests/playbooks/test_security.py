@@ -58,8 +58,9 @@ def files_holding(root: Path, needles: list[bytes]) -> list[str]:
     return hits
 
 
-def test_exposed_server_requires_the_key_and_no_secret_is_written_anywhere(bench: Bench) -> None:
+def test_exposed_server_requires_the_key_and_no_secret_is_written_anywhere(bench: Bench, engine_help: Path) -> None:
     run = "it-secrets"
+    bench.seed_engine_help(engine_help)
     api_key = "sk-planted-" + secrets.token_hex(12)
     hf_token = "hf_planted" + secrets.token_hex(12)
     flag_token = "tok-planted-" + secrets.token_hex(8)

@@ -7,8 +7,9 @@ config, starts or restarts it with lxc-start/lxc-stop, and the test checks insid
 machine: devices.list) that `c 195:* rwm` and the nvidia-uvm major are allowed. Then nvidia-uvm "moves" to 509
 as after a reboot: the stale line is replaced, the container restarted once and the new major allowed.
 
-The Debian rootfs is built once by the lxc-debian template (debootstrap, ~2 minutes) and kept, with the
-template's cache, under .cache/lxc; later runs reuse the container with a fresh config.
+The container's rootfs is a copy of the test hosts' cached Debian bookworm rootfs (tests/hosts/testhosts.py: one
+debootstrap, with systemd as init, shared with the test hosts of the other tests), kept under .cache/lxc; later
+runs reuse the container with a fresh config.
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+
+from tests.hosts.testhosts import DEFAULT_CACHE, STAMP_PATH, ensure_rootfs, vm_mirror
 
 from .harness import ROOT, run_role
 
@@ -72,16 +75,28 @@ def captured_nodes() -> dict[str, tuple[int, int]]:
 
 
 def create_container() -> None:
-    """The container with a Debian bookworm rootfs, built once; `config.orig` marks a finished build."""
-    if (CONTAINER / "config.orig").is_file() and (CONTAINER / "rootfs" / "sbin" / "init").exists():
+    """The container on a copy of the test hosts' rootfs; `config.orig` marks a finished build of that rootfs."""
+    source = ensure_rootfs(DEFAULT_CACHE, vm_mirror())
+    stamp = (source / STAMP_PATH).read_text()
+    rootfs = CONTAINER / "rootfs"
+    if (CONTAINER / "config.orig").is_file() and (rootfs / STAMP_PATH).is_file() \
+            and (rootfs / STAMP_PATH).read_text() == stamp:
+        if not (CONTAINER / "config").is_file():
+            fresh_config()
         return
     if CONTAINER.exists():
         sh("lxc-destroy", "-P", LXCPATH, "-n", NAME, "-f", check=False)
         shutil.rmtree(CONTAINER, ignore_errors=True)
-    (CACHE / "templates").mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "LXC_CACHE_PATH": str(CACHE / "templates")}
-    sh("lxc-create", "-P", LXCPATH, "-n", NAME, "-t", "debian", "--", "-r", "bookworm", timeout=900, env=env)
-    shutil.copy(CONTAINER / "config", CONTAINER / "config.orig")
+    CONTAINER.mkdir(parents=True)
+    sh("cp", "-a", f"{source}/.", f"{rootfs}.part", timeout=600)
+    (Path(f"{rootfs}.part") / "etc/hostname").write_text(f"{NAME}\n")
+    Path(f"{rootfs}.part").rename(rootfs)
+    # what the lxc-debian template writes, less the network (fresh_config sets none)
+    (CONTAINER / "config.orig").write_text(
+        "lxc.include = /usr/share/lxc/config/debian.common.conf\n"
+        f"lxc.rootfs.path = dir:{rootfs}\nlxc.uts.name = {NAME}\nlxc.arch = linux64\n"
+        "lxc.tty.max = 4\nlxc.pty.max = 1024\n")
+    fresh_config()
 
 
 def fresh_config() -> None:
