@@ -24,6 +24,7 @@ class Check:
     fit: fit.Fit | None = None
     fit_line: str = ""
     limits: list[str] = field(default_factory=list)  # what it asks of the engine's API that the build lacks
+    offsite: str = ""  # where the models of an off-site fit were read (said once above the configs)
 
 
 def parse(answer: Any) -> tuple[dict[str, Any] | None, str]:
@@ -76,10 +77,14 @@ def engine_help(answer: Any) -> dict[str, Any] | None:
 
 
 def assess(configs: list[dict[str, Any]], answer: Any, engine: str, gpu_memory_mib: int,
-           earlier: tuple[dict[str, Any], str] | None = None) -> dict[str, Check]:
+           earlier: tuple[dict[str, Any], str] | None = None,
+           offsite: tuple[dict[str, Any], list[str]] | None = None) -> dict[str, Check]:
     """Per config id: the engine line and the memory-fit line of the plan. Without an answer from the host, what
-    an `earlier` run recorded of it (`recorded`) is judged instead, and each line says so."""
+    an `earlier` run recorded of it (`recorded`) is judged instead, and each line says so; with neither, the fit
+    is judged from the models read on the controller (`offsite`: controller.hub) and bench_gpu_memory_mib."""
     data, why = parse(answer)
+    if data is None and earlier is None and offsite is not None:
+        return _offsite(configs, engine, gpu_memory_mib, why, *offsite)
     source = ""
     if data is None and earlier is not None:
         data, source = earlier[0], f" ({earlier[1]}; the host: {why})"
@@ -112,6 +117,27 @@ def assess(configs: list[dict[str, Any]], answer: Any, engine: str, gpu_memory_m
         for twin, first in probe.same_servers(configs).items():
             out[twin].engine_line += (f"; the same server as {first} on this build (it runs DFlash without overlap "
                                       "scheduling always: SGLang up to 0.5.13)")
+    return out
+
+
+def _offsite(configs: list[dict[str, Any]], engine: str, gpu_mib: int, why: str, models: dict[str, Any],
+             said: list[str]) -> dict[str, Check]:
+    """The engine unchecked (`why`), the fit judged from the models read off-site, each fit line saying so."""
+    out = {}
+    source = "; ".join(said)
+    for cfg in configs:
+        check = Check(engine_line=why)
+        drafter_missing = cfg.get("draft_model") and "draft_model" not in models
+        if not gpu_mib:
+            check.fit_line = ("not checked off-site: no GPU memory known (set bench_gpu_memory_mib to nvidia-smi's "
+                              "memory.total in MiB; after one run the host's host.json gives it)")
+        elif "model" not in models or drafter_missing:
+            check.fit_line = f"not checked off-site: {source}"
+        else:
+            check.fit, check.fit_line = _fit(cfg, engine, models, gpu_mib)
+            check.fit_line += " (off-site)" if check.fit is not None else ""
+            check.offsite = source if check.fit is not None else ""
+        out[cfg["config_id"]] = check
     return out
 
 

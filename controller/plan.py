@@ -20,7 +20,7 @@ from agent.engines import DISTRIBUTIONS, ENGINES
 from agent.store import redact_argv, redact_env
 from agent.systemd import instance_name
 
-from . import estimate, hostcheck, matrix, passthrough
+from . import agent_archive, estimate, hostcheck, hub, matrix, passthrough
 
 PREFIX = matrix.PREFIX
 ROLE = Path(__file__).resolve().parents[1] / "roles" / "bench"
@@ -218,6 +218,8 @@ def describe(host: str, configs: list[dict[str, Any]], suite: dict[str, Any] | N
             and all(line in (other.engine_line, other.fit_line) for other in checks.values())}  # said once
     if said:
         lines += [f"    host checks: {line}" for line in sorted(said)]
+    lines += [f"    memory fit off-site, the models read from {source}"
+              for source in sorted({ch.offsite for ch in checks.values() if ch.offsite})]
     systemd = bool(suite) and suite.get("backend") == "systemd"  # type: ignore[union-attr]
     for k, c in enumerate(configs, 1):
         cells = c["cells"]
@@ -380,7 +382,11 @@ def build(args: dict[str, Any], task_vars: dict[str, Any], ask: Ask | None = Non
     if ask is not None and switch("probe", args.get("probe", True), problems) and configs:
         answer = ask(str(args.get("agent_python") or "python3"), probe_request(hidden.suite, args.get("host_dir")))
     earlier = hostcheck.recorded(Path(args["results"]), host) if args.get("results") else None
-    checks = hostcheck.assess(configs, answer, hidden.suite["engine"], hidden.suite["gpu_memory_mib"], earlier)
+    offsite = None
+    if earlier is None and not answer.get("skipped") and hostcheck.parse(answer)[0] is None:  # asked, no answer
+        offsite = hub.offsite(hidden.suite, args.get("hub_models"), agent_archive.cache_dir())
+    checks = hostcheck.assess(configs, answer, hidden.suite["engine"], hidden.suite["gpu_memory_mib"], earlier,
+                              offsite)
     unsupported = {cid: ch.unsupported for cid, ch in checks.items() if ch.supported is False}
     limited = [f"  {cid}: {line}" for cid, ch in checks.items() for line in ch.limits]
     if limited:
