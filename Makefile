@@ -17,14 +17,14 @@ demo: venv engine models
 	@$(BIN)/specfleet where results/$(DEMO_RUN_ID)
 
 # What the tests need is installed first, side by side (the two virtualenvs and the Debian packages do not depend
-# on each other). Two workers; tests that share a resource stay together (tests/conftest.py says which). Ends with
-# the time per folder and the 15 slowest tests.
+# on each other), and the lint runs beside the engine's install (it needs only .venv). Two workers; tests that
+# share a resource stay together (tests/conftest.py says which). Ends with the time per folder and the 15 slowest
+# tests.
 test: test-deps
 	$(BIN)/python -m pytest -n 2 -rfEs --durations=15 tests
-	$(MAKE) lint
 
 test-deps:
-	$(MAKE) -j 4 host-deps venv engine models wheelhouse
+	$(MAKE) -j 4 host-deps venv engine models wheelhouse lint
 
 # What is not slow (no engine, no test hosts, no role runs): a minute or two.
 test-fast: venv

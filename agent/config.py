@@ -234,7 +234,7 @@ def _serve(host: Host, cfg: Mapping[str, Any], folder: Path, port: int, slot: Op
             # GPU clocks, power, temperature and throttle reasons at 1 Hz (nothing on a host without nvidia-smi)
             indices = list(slot.gpus) if slot is not None and slot.gpus else None
             with gpusample.Sampler(folder / "gpu.jsonl", indices=indices) as gpus:
-                wait_s = float(cfg["timeouts"]["health_s"]) if cfg.get("pack_check_of") else 0.0
+                wait_s = float(cfg["timeouts"]["health_s"])  # packed: the pack check and those beside it
                 try:
                     out = measure(cfg, identity, server, Endpoint(host.engine, port, server.host, host.headers),
                                   timed=(lambda: busy.timed(cfg["config_id"], wait_s)) if busy is not None else None,

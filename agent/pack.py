@@ -237,15 +237,18 @@ def neighbours(spans: Mapping[str, Mapping[str, Any]]) -> Dict[str, List[Dict[st
 
 
 class Busy:
-    """Which configs of a packed phase are up and which are in their timed requests, so that the pack check
-    starts its timed requests only while another slot is measuring (or once no other config is left up); and
-    the baseline's gate: `launched` is set once the `gate` config has started (or was kept from an earlier
-    invocation), `opened` once it enters its timed requests (its server is up and answered its warmup: `proven`)
-    or ends, whichever comes first."""
+    """Which configs of a packed phase are up, ready for their timed requests, and in them, so that a pack check
+    and the configs beside it start their timed requests together: the check waits until another config is
+    ready or measuring (or none other is left up), a config beside a check that is up but not yet ready waits for
+    it (`timed`); and the baseline's gate: `launched` is set once the `gate` config has started (or was kept from
+    an earlier invocation), `opened` once it enters its timed requests (its server is up and answered its warmup:
+    `proven`) or ends, whichever comes first."""
 
     def __init__(self, gate: Optional[str] = None) -> None:
         self.cond = threading.Condition()
         self.up: Set[str] = set()
+        self.checks: Set[str] = set()  # the pack checks among `up`
+        self.ready: Set[str] = set()  # warm, waiting to start their timed requests
         self.timing: Set[str] = set()
         self.gate = gate
         self.launched = threading.Event()
@@ -274,30 +277,42 @@ class Busy:
         return config_id != self.gate and self.opened.is_set() and not self.proven
 
     @contextmanager
-    def running(self, config_id: str) -> Iterator[None]:
+    def running(self, config_id: str, check: bool = False) -> Iterator[None]:
         with self.cond:
             self.up.add(config_id)
+            if check:
+                self.checks.add(config_id)
         try:
             yield
         finally:
             with self.cond:
                 self.up.discard(config_id)
+                self.checks.discard(config_id)
+                self.ready.discard(config_id)
                 self.timing.discard(config_id)
                 self.cond.notify_all()
             if config_id == self.gate:
                 self.launched.set()
                 self.opened.set()
 
+    def _may_start(self, config_id: str) -> bool:
+        others = self.up - {config_id}
+        if config_id in self.checks:  # beside another config's timed requests, or alone once none is left
+            return bool((self.timing | self.ready) & others) or not others
+        return not (self.checks & others) - self.ready - self.timing  # no check beside it still starting
+
     @contextmanager
     def timed(self, config_id: str, wait_s: float = 0.0) -> Iterator[float]:
-        """Around a config's timed requests; with `wait_s`, first wait (at most that long) until another config
-        is in its timed requests or none other is up. Yields the seconds waited."""
+        """Around a config's timed requests; first wait (at most `wait_s`) until it may start them (see the
+        class). Yields the seconds waited."""
         with self.cond:
-            waited = 0.0
+            self.ready.add(config_id)
+            self.cond.notify_all()
+            t0 = time.monotonic()
             if wait_s > 0:
-                t0 = time.monotonic()
-                self.cond.wait_for(lambda: bool(self.timing - {config_id}) or not (self.up - {config_id}), wait_s)
-                waited = time.monotonic() - t0
+                self.cond.wait_for(lambda: self._may_start(config_id), wait_s)
+            waited = time.monotonic() - t0
+            self.ready.discard(config_id)
             self.timing.add(config_id)
             self.cond.notify_all()
         if config_id == self.gate:

@@ -146,8 +146,8 @@ STATUS = (
        "requests, and the 1-minute load average", required=False),
     _f("preflight_s", "number", "seconds before the server was started: the flag and memory checks and the wait "
        "for its GPUs' memory to come back (its slot's GPUs when packed)", required=False),
-    _f("waited_for_neighbours_s", "number", "the pack check: seconds it waited, ready, for another slot to be "
-       "in its timed requests", required=False),
+    _f("waited_for_neighbours_s", "number", "packed: seconds it waited, ready, so that the pack check's timed "
+       "requests and those of the configs beside it start together", required=False),
     _f("gate_wait_s", "number", "packed: seconds its server, up, waited for the phase's baseline to answer its "
        "warmup before its own first request (0 for the baseline and when the gate was already open)",
        required=False),

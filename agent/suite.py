@@ -213,7 +213,7 @@ class Suite:
                         return
                     cfg = queue.popleft()
                 try:
-                    with busy.running(cfg["config_id"]):
+                    with busy.running(cfg["config_id"], check=bool(cfg.get("pack_check_of"))):
                         self.one(cfg, slot, len(pool), spans)
                 except BaseException as exc:  # raised again once every slot has stopped
                     errors.append(exc)

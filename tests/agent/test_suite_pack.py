@@ -88,6 +88,27 @@ def test_a_packed_phase_runs_its_baseline_alone_then_two_at_a_time_each_on_its_c
     assert config["pack_check_of"] == "tp1-autoregressive" and config["method"] == "autoregressive"
 
 
+def test_the_pack_check_and_its_neighbour_start_their_timed_requests_together(tmp_path: Path) -> None:
+    """The check's server is slow to start (2 s) and its neighbour fast with few requests: the neighbour, warm, waits
+    for the check to be ready, so that both measure at once (by construction, not by who starts first)."""
+    plan = packed_plan(write_engine(tmp_path / "engine"), pack_check=True)
+    plan["configs"] = [c for c in plan["configs"] if c["config_id"] in
+                       ("tp1-autoregressive", "tp1-autoregressive-packed", "tp1-ngram-k2")]
+    for cfg in plan["configs"]:
+        if cfg["method"] == "autoregressive":  # the baseline and its check: the server takes 2 s to come up
+            cfg["env"] = {**cfg["env"], "STANDIN_STARTUP_S": "2"}
+    root = tmp_path / "results" / RUN_ID
+    assert Suite(plan, root, invocation="inv").run() == 0
+    status = {cid: json.loads((root / HOST / cid / "status.json").read_text())
+              for cid in ("tp1-autoregressive-packed", "tp1-ngram-k2")}
+    check, near = status["tp1-autoregressive-packed"], status["tp1-ngram-k2"]
+    assert near["waited_for_neighbours_s"] > 0.5, near              # warm first, it waited for the check
+    assert [n["config_id"] for n in check["neighbours"]] == ["tp1-ngram-k2"]
+    assert check["neighbours"][0]["timed_overlap_s"] > 0, check["neighbours"]
+    starts = sorted(s["timed_window"][0] for s in status.values())
+    assert starts[1] - starts[0] < 0.5, starts                       # the two windows open together
+
+
 def requests_at(log: Path, what: str = "generate:") -> List[float]:
     """When the stand-in engine received each completion request (warmup included), or with `what="answered"`
     when it had answered each one, epoch seconds."""
