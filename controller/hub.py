@@ -39,18 +39,21 @@ def weights_bytes(sizes: Mapping[str, int]) -> Optional[int]:
     return None
 
 
+def _hf_home() -> Path:
+    return Path(os.environ.get("HF_HOME")
+                or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface")
+
+
 def _hub_cache() -> Path:
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
-    home = os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface"
-    return Path(home) / "hub"
+    return Path(os.environ["HF_HUB_CACHE"]) if os.environ.get("HF_HUB_CACHE") else _hf_home() / "hub"
 
 
 def _token() -> Optional[str]:
+    """As huggingface_hub finds it: HF_TOKEN, else the file `huggingface-cli login` wrote."""
     token = os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")
     if token:
         return token.strip()
-    path = Path(os.environ.get("HF_TOKEN_PATH") or Path(_hub_cache()).parent / "token")
+    path = Path(os.environ.get("HF_TOKEN_PATH") or _hf_home() / "token")
     try:
         return path.read_text().strip() or None
     except OSError:
