@@ -47,6 +47,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 # import.
 engine: $(ENGINE)/.installed
 $(ENGINE)/.installed: requirements-engine.txt $(WHEELHOUSE)/.complete
+	test -x $(ENGINE)/bin/pip || $(PYTHON) -m venv $(ENGINE)
 	$(ENGINE)/bin/pip install -q $(PIP_ARGS) --no-index --find-links $(WHEELHOUSE) -r requirements-engine.txt
 	$(ENGINE)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@

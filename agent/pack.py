@@ -308,10 +308,11 @@ class Busy:
         with self.cond:
             self.ready.add(config_id)
             self.cond.notify_all()
-            t0 = time.monotonic()
-            if wait_s > 0:
+            waited = 0.0
+            if wait_s > 0 and not self._may_start(config_id):
+                t0 = time.monotonic()
                 self.cond.wait_for(lambda: self._may_start(config_id), wait_s)
-            waited = time.monotonic() - t0
+                waited = time.monotonic() - t0
             self.ready.discard(config_id)
             self.timing.add(config_id)
             self.cond.notify_all()
