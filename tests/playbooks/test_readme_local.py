@@ -24,6 +24,7 @@ from typing import Any, Iterator
 import jsonschema
 import pytest
 
+from agent.store import read_json
 from tests import playbook
 from tests.readme import ROOT, resolves, typed, typed_start
 
@@ -62,15 +63,17 @@ TESTHOST_ENTRY = re.compile(r"^\.?th\d+(\.unpack|\.old)?$")
 
 def is_testhosts_run(folder: Path) -> bool:
     """A run folder of the test hosts' suite (another worker's, made meanwhile): a th<N> host folder, or its
-    unpacking, is in it. A folder just made is waited for (5 s at most) until it holds something to judge by."""
+    unpacking, is in it, or its run.json names a th<N> host (at the end, or in any session: a suite that is still
+    measuring has no host folder yet). A folder just made is waited for (5 s at most) until its run.json or a host
+    entry is there to judge by."""
     end = time.monotonic() + 5
     while True:
         names = {p.name for p in folder.iterdir()} if folder.is_dir() else set()
-        if names or time.monotonic() > end:
+        if "run.json" in names or any(TESTHOST_ENTRY.match(n) for n in names) or time.monotonic() > end:
             break
         time.sleep(0.1)
-    hosts = (json.loads((folder / "run.json").read_text()).get("hosts") or []
-             if (folder / "run.json").is_file() else [])
+    meta = read_json(folder / "run.json") or {}
+    hosts = [*(meta.get("hosts") or []), *(h for s in meta.get("sessions") or [] for h in s.get("hosts") or [])]
     return any(TESTHOST_ENTRY.match(n) for n in names) or any(TESTHOST_ENTRY.match(str(h)) for h in hosts)
 
 
