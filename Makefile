@@ -7,7 +7,7 @@ WHEELHOUSE := .cache/wheelhouse
 BIN := $(VENV)/bin
 PIP_ARGS ?=
 
-.PHONY: demo test test-deps test-fast lint venv engine models wheelhouse host-deps testhosts testhosts-down clean
+.PHONY: demo test test-deps test-fast lint venv engine models wheelhouse host-deps rootfs testhosts testhosts-down clean
 
 # The demo names its run (RUN_ID=... to choose), so that `where` shows this run even when another one ends first.
 DEMO_RUN_ID := $(or $(RUN_ID),$(shell date -u +%Y%m%dT%H%M%SZ))
@@ -16,15 +16,15 @@ demo: venv engine models
 	$(BIN)/ansible-playbook bench.yml -l local -e run_id=$(DEMO_RUN_ID)
 	@$(BIN)/specfleet where results/$(DEMO_RUN_ID)
 
-# What the tests need is installed first, side by side (the two virtualenvs and the Debian packages do not depend
-# on each other), and the lint runs beside the engine's install (it needs only .venv). Two workers; tests that
+# What the tests need is installed first, side by side (the two virtualenvs, the Debian packages and the test
+# hosts' rootfs do not depend on each other), and the lint runs beside the engine's install (it needs only .venv). Two workers; tests that
 # share a resource stay together (tests/conftest.py says which). Ends with the time per folder and the 15 slowest
 # tests.
 test: test-deps
 	$(BIN)/python -m pytest -n 2 -rfEs --durations=15 tests
 
 test-deps:
-	$(MAKE) -j 4 host-deps venv engine models wheelhouse lint
+	$(MAKE) -j 4 host-deps venv engine models wheelhouse rootfs lint
 
 # What is not slow (no engine, no test hosts, no role runs): a minute or two.
 test-fast: venv
@@ -38,17 +38,17 @@ lint: venv
 venv: $(VENV)/.installed
 $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q $(PIP_ARGS) -r requirements-dev.txt
-	$(BIN)/pip install -q $(PIP_ARGS) --no-deps -e .
+	$(BIN)/pip install -q --no-compile $(PIP_ARGS) -r requirements-dev.txt
+	$(BIN)/pip install -q --no-compile $(PIP_ARGS) --no-deps -e .
 	touch $@
 
 # vLLM's CPU build, installed from the offline wheelhouse (downloaded once, installed from local files: the test
 # hosts install from the same wheelhouse). The CUDA-only torchvision/torchaudio/torchcodec it pulls in break its
-# import.
+# import. Both virtualenvs are yours to write: Python compiles what it imports on first use, not all of it now.
 engine: $(ENGINE)/.installed
 $(ENGINE)/.installed: requirements-engine.txt $(WHEELHOUSE)/.complete
 	test -x $(ENGINE)/bin/pip || $(PYTHON) -m venv $(ENGINE)
-	$(ENGINE)/bin/pip install -q $(PIP_ARGS) --no-index --find-links $(WHEELHOUSE) -r requirements-engine.txt
+	$(ENGINE)/bin/pip install -q --no-compile $(PIP_ARGS) --no-index --find-links $(WHEELHOUSE) -r requirements-engine.txt
 	$(ENGINE)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
 
@@ -80,6 +80,11 @@ $(WHEELHOUSE)/.complete: requirements-engine.txt
 testhosts: venv models wheelhouse
 	$(BIN)/python tests/hosts/testhosts.py up --count 2 --state .work/testhosts --device-policy \
 		--bind-ro $(CURDIR)/$(MODELS):/opt/models --bind-ro $(CURDIR)/$(WHEELHOUSE):/wheelhouse
+
+# The test hosts' Debian rootfs (debootstrap once, cached in .cache/testhosts; `testhosts` builds it when missing).
+rootfs: host-deps
+	@if [ "$$(id -u)" = 0 ]; then $(PYTHON) tests/hosts/testhosts.py rootfs; \
+	else echo "not root: no test hosts' rootfs (tests that need the test hosts will skip)"; fi
 
 testhosts-down:
 	$(BIN)/python tests/hosts/testhosts.py down --state .work/testhosts

@@ -1019,6 +1019,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     up.add_argument("--mirror", help="Debian mirror (default: the one this VM's apt uses)")
     up.add_argument("--timeout", type=float, default=180, help="seconds for the machines to boot (default 180)")
     down = sub.add_parser("down", help="stop and remove everything STATE started (safe to repeat)")
+    rootfs = sub.add_parser("rootfs", help="build the cached rootfs now (`up` builds it when missing)")
+    rootfs.add_argument("--cache", help=f"rootfs cache folder (default $TESTHOSTS_CACHE or {DEFAULT_CACHE})")
+    rootfs.add_argument("--mirror", help="Debian mirror (default: the one this VM's apt uses)")
     status = sub.add_parser("status", help="list the hosts and whether they run")
     ssh = sub.add_parser("ssh", help="run a command on a host over SSH")
     ssh.add_argument("host")
@@ -1035,6 +1038,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   device_policy=args.device_policy)
             log(f"up: {len(th.hosts)} host(s) ready in {time.monotonic() - t0:.1f} s; inventory {th.inventory_path}")
             print(th.inventory_path.read_text(), end="")
+        elif args.action == "rootfs":
+            if os.geteuid() != 0:
+                raise TestHostsError("the rootfs is built as root (debootstrap)")
+            cache = Path(args.cache or os.environ.get("TESTHOSTS_CACHE") or DEFAULT_CACHE).absolute()
+            cache.mkdir(parents=True, exist_ok=True)
+            log(f"rootfs: {ensure_rootfs(cache, args.mirror or vm_mirror())}")
         elif args.action == "down":
             th = TestHosts(args.state)
             t0 = time.monotonic()
@@ -1050,7 +1059,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"testhosts: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"testhosts: interrupted; `down --state {args.state}` removes what was started", file=sys.stderr)
+        print(f"testhosts: interrupted; `down --state {getattr(args, 'state', 'STATE')}` removes what was "
+              "started", file=sys.stderr)
         return 130
     return 0
 

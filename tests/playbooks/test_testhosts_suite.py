@@ -127,6 +127,34 @@ def test_suite_on_two_hosts_with_systemd(two_host_run: tuple[Bench, str, str], t
     assert_clean(testhosts)
 
 
+# Every source file under the engine's site-packages without its bytecode, less those this interpreter cannot
+# compile (pip and compileall skip those alike); prints them as JSON.
+UNCOMPILED = """
+import importlib.util, json, pathlib, sysconfig
+missing = []
+for path in pathlib.Path(sysconfig.get_path("purelib")).rglob("*.py"):
+    if not pathlib.Path(importlib.util.cache_from_source(str(path))).is_file():
+        try:
+            compile(path.read_bytes(), str(path), "exec")
+        except (SyntaxError, ValueError):
+            continue
+        missing.append(str(path))
+print(json.dumps({"missing": missing}))
+"""
+
+
+def test_engine_role_leaves_the_engine_compiled_for_the_service_user(testhosts: TestHosts) -> None:
+    """pip installs without compiling, the role compiles on every core afterwards: no file the engine could
+    import is left for the unprivileged service user (who cannot write __pycache__ there) to compile at each start."""
+    for host in HOSTS:
+        out = run_command(testhosts.ssh_command(host, "/opt/specfleet/engine/bin/python -"), input_text=UNCOMPILED,
+                          timeout=180)
+        missing = json.loads(out.stdout.strip().splitlines()[-1])["missing"]
+        assert missing == [], (host, len(missing), missing[:5])
+        writable = testhosts.ssh(host, "runuser -u specfleet -- test -w /opt/specfleet/engine/lib", check=False)
+        assert writable.returncode != 0, host  # the service user could not have compiled them itself
+
+
 def test_collector_pull_fetches_a_run(two_host_run: tuple[Bench, str, str]) -> None:
     """`specfleet pull -l testhosts [<id>]` as typed, with the id and without it (the newest run on
     each host: this one): th1's folder, removed on the controller, comes back; the table is the same."""
