@@ -23,7 +23,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 ROLE_RUNS = {"test_container_roles_render.py", "test_gpu_smoke_check_mode.py", "test_lxc_passthrough.py",
              "test_pve_passthrough.py"}
-TESTHOSTS = {"test_testhosts_suite.py", "test_provision_hosts.py", "test_testhosts.py", "test_device_allow.py"}
+TESTHOSTS = {"test_testhosts_suite.py", "test_provision_hosts.py", "test_testhosts.py", "test_device_allow.py",
+             "test_ct200_testhosts.py"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -52,7 +53,8 @@ GROUPS = {
     "engine": ("tests/playbooks/test_readme_local.py", "tests/playbooks/test_pack_local.py",
                "tests/playbooks/test_security.py", "tests/standin/test_contract.py"),
     "standin": ("tests/playbooks/", "tests/agent/test_suite_pack.py", "tests/agent/test_live_progress.py"),
-    "testhosts": ("tests/playbooks/test_testhosts_suite.py", "tests/playbooks/test_device_allow.py"),
+    "testhosts": ("tests/playbooks/test_testhosts_suite.py", "tests/playbooks/test_device_allow.py",
+                  "tests/playbooks/test_ct200_testhosts.py"),
     "provision": ("tests/playbooks/test_provision_hosts.py",),
     "harness": ("tests/hosts/test_testhosts.py",),
 }

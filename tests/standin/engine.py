@@ -532,6 +532,12 @@ def handler(e: Engine) -> type:
     return Handler
 
 
+class Listener(http.server.ThreadingHTTPServer):
+    """A thread per connection, and the listen backlog both engines' HTTP servers (uvicorn) open with: 2048, not
+    socketserver's 5, which resets connections of a concurrency sweep that a real server accepts."""
+    request_queue_size = 2048
+
+
 def said(prompt_tokens: int, max_tokens: int) -> None:
     print(f"[standin] generate: prompt_tokens {prompt_tokens} max_tokens {max_tokens} at {time.time()}", flush=True)
 
@@ -599,7 +605,7 @@ def serve(d: Dialect, argv: List[str], own: Dict[str, str]) -> None:
                    "dialect": d.name, **seen})
     rec("held", report=REPORT)
     print("STANDIN " + json.dumps(REPORT, sort_keys=True), flush=True)
-    server = http.server.ThreadingHTTPServer((args.get("--host", "127.0.0.1"), port), handler(e))
+    server = Listener((args.get("--host", "127.0.0.1"), port), handler(e))
     server.daemon_threads = True
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
