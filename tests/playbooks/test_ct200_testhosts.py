@@ -8,6 +8,9 @@ NVIDIA_SMI_GPUS=8) and the device nodes carry the captured majors, so that slots
 `CUDA_VISIBLE_DEVICES` and the release check run. The model folders are shaped like Qwen3.6-27B and its drafter
 (their config.json, sparse weight files of the real sizes), so that the memory fit runs on the host.
 
+Each server's startup takes half a second, spent in SGLang's phases and logged with SGLang's messages, so that
+where startup goes is read from each server.log into status.json and the report's time table.
+
 Scaled down in tokens and requests only: every phase, config, sweep, workload and concurrency is ct200's; output
 lengths are divided by 16, contexts by 10, and each cell runs once.
 """
@@ -85,7 +88,8 @@ def ct200_host(testhosts: TestHosts) -> Iterator[dict[str, Any]]:
               CT200["bench_draft_model"]["path"]: (DRAFT_CONFIG, DRAFT_FILES)}
     wrapper = (f"#!/bin/sh\nexport NVIDIA_SMI_CAPTURES={GPU_DIR}/captures NVIDIA_SMI_GPUS={GPUS}\n"
                f"exec /usr/bin/python3 {GPU_DIR}/nvidia-smi \"$@\"\n")
-    engine = f"#!/bin/sh\nexport STANDIN_STEP_S=0.0005\nexec /usr/bin/python3 {STANDIN_DIR}/engine.py \"$@\"\n"
+    engine = (f"#!/bin/sh\nexport STANDIN_STEP_S=0.0005 STANDIN_STARTUP_S=0.5\n"
+              f"exec /usr/bin/python3 {STANDIN_DIR}/engine.py \"$@\"\n")
     tar = subprocess.run(["tar", "-C", str(ROOT), "-cf", "-", "--transform", "s,^tests/fixtures/nvidia-h200,captures,",
                           "--transform", "s,^tests/fakes/,,", "tests/fakes/nvidia-smi", "tests/fixtures/nvidia-h200"],
                          capture_output=True, check=True).stdout
@@ -153,6 +157,10 @@ def test_ct200_profile_runs_end_to_end_packed_on_eight_stand_in_gpus(ct200_host:
             assert s.get("slot") is None and not s.get("neighbours"), (i, s.get("slot"), s.get("neighbours"))
         cmd = config["command"]
         assert cmd[1:3] == ["-m", "sglang.launch_server"] and cmd[cmd.index("--tp-size") + 1] == str(tp)
+        # where its startup went, from SGLang's own log lines (weights, KV cache, graphs, serving), in order
+        marks = s["startup"]
+        assert list(marks) == ["weights", "kv_cache", "graphs", "serving"], (i, marks)
+        assert 0 < marks["weights"] <= marks["kv_cache"] <= marks["graphs"] <= marks["serving"] < 30, (i, marks)
         # SGLang's counters agree with the rows: tokens, finished requests, verify steps (0.5.15 on)
         assert s["counters"]["verdict"] == "ok", (i, s["counters"])
         assert ("verify_steps" in s["counters"]) == ("autoregressive" not in i), (i, s["counters"])
@@ -166,6 +174,8 @@ def test_ct200_profile_runs_end_to_end_packed_on_eight_stand_in_gpus(ct200_host:
     # ct200's report: the DDTree section, the packed marks, the environment header of the run
     report = (bench.results / run / "report.md").read_text()
     assert "DDTree" in report and "[packed]" in report
+    timing = report[report.index("## Time per config (seconds)"):]
+    assert all(f"{k}_s" in timing.splitlines()[2] for k in ("weights", "kv_cache", "graphs", "ready")), timing[:600]
     header = r"- th1: GPUs 8x NVIDIA H200 \(140 GiB\); driver 580\.159\.04; CUDA 13\.0; engine sglang 0\.5\.15;"
     assert re.search(header, report), report[:1500]
     host_json = json.loads((host / "host.json").read_text())

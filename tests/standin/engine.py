@@ -562,10 +562,31 @@ def launched() -> None:
         sys.stdout.flush()
 
 
+def sglang_log(message: str) -> None:
+    """A line as SGLang's logger writes it on rank 0: `[<local time>.<ms> TP0] <message>`."""
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f".{int(now * 1000) % 1000:03d}"
+    print(f"[{stamp} TP0] {message}", flush=True)
+
+
 def startup(e: Engine) -> None:
     """The knobs of the startup itself: its length, and an exit at its end (only a server without speculation
-    exits when STANDIN_STARTUP_EXIT_IF=plain)."""
-    time.sleep(env_float("STANDIN_STARTUP_S", 0.1))
+    exits when STANDIN_STARTUP_EXIT_IF=plain). SGLang's dialect spends it in SGLang's startup phases and logs
+    their ends with SGLang's own messages (agent/startup.py reads them; the source test checks the marks)."""
+    total = env_float("STANDIN_STARTUP_S", 0.1)
+    if e.d is SGLANG:
+        sglang_log("Load weight begin. avail mem=139.50 GB")
+        time.sleep(total * 0.4)
+        sglang_log("Load weight end. type=standin, dtype=torch.bfloat16, avail mem=88.10 GB, mem usage=51.40 GB.")
+        if e.spec:
+            sglang_log("Load weight end. type=standin-draft, dtype=torch.bfloat16, avail mem=84.90 GB, "
+                       "mem usage=3.20 GB.")
+        time.sleep(total * 0.2)
+        sglang_log("KV Cache is allocated. #tokens: 400000, K size: 10.00 GB, V size: 10.00 GB")
+        time.sleep(total * 0.4)
+        sglang_log("Capture cuda graph end. Time elapsed: 0.00 s. mem usage=0.50 GB. avail mem=60.00 GB.")
+    else:
+        time.sleep(total)
     rc = os.environ.get("STANDIN_STARTUP_EXIT", "")
     if rc and not (os.environ.get("STANDIN_STARTUP_EXIT_IF") == "plain" and e.spec):
         time.sleep(env_float("STANDIN_STARTUP_EXIT_AFTER_S", 0))
@@ -614,6 +635,8 @@ def serve(d: Dialect, argv: List[str], own: Dict[str, str]) -> None:
     rec("ready", port=server.server_address[1])
     print(f"[standin] listening on port {port}", flush=True)
     print("INFO:     Application startup complete.", flush=True)
+    if d is SGLANG:
+        sglang_log("The server is fired up and ready to roll!")
     print(f"INFO:     Uvicorn running on http://{args.get('--host', '127.0.0.1')}:{port}", flush=True)
     while not stop.wait(0.2):
         if keeper is not None and keeper.poll() is not None:

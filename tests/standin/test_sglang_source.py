@@ -5,7 +5,7 @@ from the package index into `.cache/sglang-wheels` (never installed) and its Pyt
 Checked against each: every flag the adapter and ct200's profile render (and, for its own version, every flag the
 stand-in's SGLang dialect offers: 0.5.23 renamed two of them),
 the `meta_info` keys the stream client reads, the stream's end, the health path, `/tokenize`'s request field, the
-counter names, every `SGLANG_*` variable the profile sets, and the build facts `agent.probe.sglang_source` reads
+counter names, the log messages that mark the ends of the startup phases (agent.startup), every `SGLANG_*` variable the profile sets, and the build facts `agent.probe.sglang_source` reads
 (DFlash's overlap, `/tokenize` with `messages`, the verify-step counter, the algorithm registry). A changed
 assumption fails naming the file it was looked for in, or the file and line where it moved. A planted change in a
 copy of a release shows that the checks can fail.
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import probe
+from agent import probe, startup
 from agent.engines import ENGINES, SGLANG_ACCEPTED
 from controller import matrix
 from tests.conftest import ROOT
@@ -137,6 +137,10 @@ def assumptions(pkg: Path, version: str) -> list[str]:
     for var in sorted(v for v in env_vars if v.startswith("SGLANG_")):
         if where(pkg, rf"^\s+{var}\s*=", environ) is None:
             bad.append(f"ct200's profile sets {var}: not defined in {environ[0]}")
+    logs = ["srt/model_executor/*.py", "srt/entrypoints/*.py", "srt/**/*.py"]
+    for phase, mark, _last in startup.MARKS["sglang"]:
+        if where(pkg, mark.pattern, logs) is None:
+            bad.append(f"the startup mark of {phase} ({mark.pattern!r}, read by agent.startup): not logged in srt/")
     facts = probe.sglang_source(str(pkg))
     want = WINDOW.get(version)
     if want is not None:
@@ -167,8 +171,8 @@ def test_the_stand_in_answers_as_its_version_does() -> None:
 
 
 def test_a_planted_change_fails_naming_the_file(tmp_path: Path) -> None:
-    """A copy of the pull request's base with a renamed meta_info key, a flag gone and DFlash forced off overlap
-    again: each is reported."""
+    """A copy of the pull request's base with a renamed meta_info key, a flag gone, DFlash forced off overlap again
+    and the KV cache's startup message reworded: each is reported."""
     pkg = tmp_path / "sglang"
     shutil.copytree(source("0.5.15"), pkg)
     tm = pkg / "srt/managers/tokenizer_manager.py"
@@ -177,9 +181,14 @@ def test_a_planted_change_fails_naming_the_file(tmp_path: Path) -> None:
         text = path.read_text(errors="replace")
         if "page_size" in text:
             path.write_text(re.sub(r"\bpage_size\b", "page_len", text).replace('"--page-size"', '"--page-len"'))
+    for path in (pkg / "srt").rglob("*.py"):
+        text = path.read_text(errors="replace")
+        if "KV Cache is allocated" in text:
+            path.write_text(text.replace("KV Cache is allocated", "KV cache allocated"))
     hook = pkg / "srt/arg_groups/speculative_hook.py"
     hook.write_text(hook.read_text() + f'\n# "{probe.SGLANG_DFLASH_NO_OVERLAP}"\n')
     bad = assumptions(pkg, "0.5.15")
     assert any(line.startswith("meta_info key 'spec_verify_ct'") for line in bad), bad
     assert any(line.startswith("--page-size (rendered by the adapter") for line in bad), bad
     assert any(line.startswith("build fact dflash_overlap: the source says False") for line in bad), bad
+    assert any(line.startswith("the startup mark of kv_cache") for line in bad), bad
