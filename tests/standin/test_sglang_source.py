@@ -3,12 +3,12 @@ sglang role's pin, the DDTree pull request's base, the newest release checked) t
 from the package index into `.cache/sglang-wheels` (never installed) and its Python files are read.
 
 Checked against each: every flag the adapter and ct200's profile render (and, for its own version, every flag the
-stand-in's SGLang dialect offers: 0.5.23 renamed two of them),
-the `meta_info` keys the stream client reads, the stream's end, the health path, `/tokenize`'s request field, the
-counter names, the log messages that mark the ends of the startup phases (agent.startup), every `SGLANG_*`
-variable the profile sets, and the build facts `agent.probe.sglang_source` reads (DFlash's overlap, `/tokenize` with `messages`, the verify-step counter, the algorithm registry). A changed
-assumption fails naming the file it was looked for in, or the file and line where it moved. A planted change in a
-copy of a release shows that the checks can fail.
+stand-in's SGLang dialect offers: 0.5.23 renamed two of them), the `meta_info` keys the stream client reads, the
+stream's end, the health path, `/tokenize`'s request field, the counter names, the log messages that mark the ends
+of the startup phases (agent.startup), every `SGLANG_*` variable the profile sets, and the build facts
+`agent.probe.sglang_source` reads (DFlash's overlap, `/tokenize` with `messages`, the verify-step counter, the
+algorithm registry). A changed assumption fails naming the file it was looked for in, or the file and line where it
+moved. A planted change in a copy of a release shows that the checks can fail.
 """
 from __future__ import annotations
 
