@@ -6,6 +6,8 @@ MODELS := .cache/models
 WHEELHOUSE := .cache/wheelhouse
 BIN := $(VENV)/bin
 PIP_ARGS ?=
+# Byte-compiles a virtualenv's packages with one worker per core (run by the virtualenv's own Python).
+COMPILE := 'import compileall, sysconfig; compileall.compile_dir(sysconfig.get_path("purelib"), quiet=2, workers=0)'
 
 .PHONY: demo test test-deps test-fast lint venv engine models wheelhouse host-deps rootfs testhosts testhosts-down clean
 
@@ -40,16 +42,20 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --no-compile $(PIP_ARGS) -r requirements-dev.txt
 	$(BIN)/pip install -q --no-compile $(PIP_ARGS) --no-deps -e .
+	$(BIN)/python -c $(COMPILE)
 	touch $@
 
 # vLLM's CPU build, installed from the offline wheelhouse (downloaded once, installed from local files: the test
 # hosts install from the same wheelhouse). The CUDA-only torchvision/torchaudio/torchcodec it pulls in break its
-# import. Both virtualenvs are yours to write: Python compiles what it imports on first use, not all of it now.
+# import. Both virtualenvs are compiled after pip, on every core (pip compiles one file after another; and where
+# PYTHONDONTWRITEBYTECODE is set, nothing compiled now is compiled ever: every process would compile its imports).
+# A file in newer Python than this one (torch ships such tests) is skipped, as pip skips it.
 engine: $(ENGINE)/.installed
 $(ENGINE)/.installed: requirements-engine.txt $(WHEELHOUSE)/.complete
 	test -x $(ENGINE)/bin/pip || $(PYTHON) -m venv $(ENGINE)
 	$(ENGINE)/bin/pip install -q --no-compile $(PIP_ARGS) --no-index --find-links $(WHEELHOUSE) -r requirements-engine.txt
 	$(ENGINE)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(ENGINE)/bin/python -c $(COMPILE)
 	touch $@
 
 models: $(MODELS)/.built
