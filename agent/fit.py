@@ -20,7 +20,9 @@ DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2,
                "float8_e5m2": 1, "fp8": 1, "int8": 1}
 ATTENTION_TYPES = ("full_attention", "attention", "sliding_attention")
 FRACTION_FLAGS = {"sglang": "--mem-fraction-static", "vllm": "--gpu-memory-utilization"}
-DEFAULT_FRACTION = {"vllm": 0.9}  # SGLang chooses its own by GPU and TP: without the flag only weights are checked
+# vLLM's own default (CacheConfig.gpu_memory_utilization: 0.92 in 0.32, `--help=all` says so; the engine contract
+# reads it from the real engine); SGLang chooses its own by GPU and TP: without the flag only weights are checked
+DEFAULT_FRACTION = {"vllm": 0.92}
 GIB = 1 << 30
 MIB = 1 << 20
 

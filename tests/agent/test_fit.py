@@ -66,7 +66,7 @@ def test_without_a_fraction_only_the_weights_are_judged() -> None:
     (["--mem-fraction-static", "0.8"], "sglang", 0.8),
     (["--mem-fraction-static=0.75"], "sglang", 0.75),
     (["--gpu-memory-utilization", "0.5"], "vllm", 0.5),
-    ([], "vllm", 0.9),
+    ([], "vllm", 0.92),
     ([], "sglang", None),
 ])
 def test_memory_fraction_from_the_command(argv: list[str], engine: str, expected: float | None) -> None:

@@ -182,3 +182,19 @@ def test_every_flag_the_standin_takes_is_in_the_real_help(engine_help: Path) -> 
     for flag, allowed in STANDIN_VLLM.flags.items():
         if allowed:
             assert sorted(allowed) == sorted(choices.get(flag, [])), flag
+
+
+def test_the_fit_uses_the_real_engines_default_memory_fraction() -> None:
+    """Without --gpu-memory-utilization the memory fit takes the engine's own default (agent.fit.DEFAULT_FRACTION):
+    the value the real engine's `--help=all` gives for the flag."""
+    from agent import fit
+
+    env = {**os.environ, "VLLM_NO_USAGE_STATS": "1"}
+    res = subprocess.run([str(ENGINE_PY), "-m", ENGINE.module, "--help=all"], capture_output=True, text=True,
+                         timeout=300, env=env)
+    text = res.stdout
+    assert res.returncode == 0, res.stderr[-2000:]
+    start = text.index("  --gpu-memory-utilization ")
+    block = text[start:text.index("\n  --", start + 1)]
+    default = float(block.split("(default: ", 1)[1].split(")", 1)[0])
+    assert fit.memory_fraction("vllm", []) == default, block
