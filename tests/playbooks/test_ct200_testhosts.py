@@ -29,7 +29,8 @@ import pytest
 import yaml
 
 from controller import passthrough
-from tests.agent.test_fit import GB, QWEN36
+from tests.agent.test_fit import QWEN36
+from tests.controller.test_offsite_fit import DRAFTER, FILES, TARGET
 from tests.hosts.testhosts import TestHosts
 from tests.hosts.testhosts import run as run_command
 from tests.standin import ENGINE
@@ -43,10 +44,10 @@ CAPTURES = ROOT / "tests/fixtures/nvidia-h200"
 GPU_DIR = "/opt/specfleet-gpu"        # the nvidia-smi stand-in and its captures on th1
 STANDIN_DIR = "/opt/specfleet/sglang-standin"
 GPUS = 8
-# Qwen3.6-27B's weights in 11 shards (52 GB in all) and its DFlash drafter's in one file, as sparse files
-TARGET_FILES = {**{f"model-{i:05d}-of-00011.safetensors": 52 * GB // 11 for i in range(1, 11)},
-                "model-00011-of-00011.safetensors": 52 * GB - 10 * (52 * GB // 11)}
-DRAFT_FILES = {"model.safetensors": int(3.3 * GB)}
+# Qwen3.6-27B's weights in 11 shards (52 GB in all) and its DFlash drafter's in one file, as the off-site fit's Hub
+# lists them: here as sparse files
+TARGET_FILES = {n: size for n, size in FILES[TARGET].items() if n.startswith("model-")}
+DRAFT_FILES = {n: size for n, size in FILES[DRAFTER].items() if n.endswith(".safetensors")}
 DRAFT_CONFIG = {"num_hidden_layers": 5, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
                 "hidden_size": 5120, "torch_dtype": "bfloat16", "max_position_embeddings": 262144}
 
@@ -104,7 +105,7 @@ def ct200_host(testhosts: TestHosts) -> Iterator[dict[str, Any]]:
             ssh(testhosts, f"mkdir -p {path} && cat > {path}/config.json && "
                            + " && ".join(f"truncate -s {size} {path}/{name}" for name, size in files.items())
                            + f" && chmod -R a+rX {path.rsplit('/', 1)[0]}", json.dumps(config).encode())
-        yield {"bench_engine_python": f"{STANDIN_DIR}/python", "nodes": made}
+        yield {"bench_engine_python": f"{STANDIN_DIR}/python"}
     finally:
         run_command(testhosts.ssh_command(HOST, "rm -rf /usr/local/bin/nvidia-smi " + " ".join(
             shlex.quote(p) for p in [GPU_DIR, STANDIN_DIR, *made, *folders, "/models"])), check=False)
