@@ -12,9 +12,7 @@ import uuid
 from pathlib import Path
 
 from . import progress, records, secrets
-from .server import become_subreaper
 from .store import now_iso, read_json, write_json
-from .suite import Suite
 
 
 def load_plan(path: Path) -> dict:
@@ -132,6 +130,10 @@ def run(args: argparse.Namespace) -> int:
     suite_lock = take_host(Path(args.results), host_dir, plan, args, state)
     if suite_lock is None:
         return 4
+    # only `run` measures: the polls and packs (a fresh process each, beside the engine) import none of it
+    from .server import become_subreaper
+    from .suite import Suite
+
     become_subreaper()
     write_json(host_dir / "agent.json", state)
     try:

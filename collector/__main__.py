@@ -120,21 +120,28 @@ def report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _page(root: Path, run: Any) -> str:
-    """report.html's text, the plots written into the run folder."""
+def _page(root: Path, run: Any, plots: bool = True) -> str:
+    """report.html's text, the plots written into the run folder (`plots` false: none, and an earlier report's
+    plots removed: they would not match this one)."""
     from . import html
     from .report import table
 
     df = table(run)
-    return html.render(run, df, _plots(run, df, root / PLOTS_DIR))
+    if plots:
+        return html.render(run, df, _plots(run, df, root / PLOTS_DIR))
+    for stale in (root / PLOTS_DIR).glob("*.*") if (root / PLOTS_DIR).is_dir() else []:
+        if stale.suffix in (".png", ".svg"):
+            stale.unlink()
+    return html.render(run, df, [])
 
 
-def _write(root: Path, run: Any) -> dict[str, str]:
-    """Write every report file and the plots into the run folder; the text of each report file by format."""
+def _write(root: Path, run: Any, plots: bool = True) -> dict[str, str]:
+    """Write every report file and the plots (unless `plots` is false) into the run folder; the text of each
+    report file by format."""
     from .report import ddtree_vs_dflash_csv, pack_check_csv, render
 
     texts = {fmt: render(run, fmt) for fmt in ("md", "csv", "json")}
-    texts["html"] = _page(root, run)
+    texts["html"] = _page(root, run, plots)
     for fmt, text in texts.items():
         write_atomic(root / (HTML_FILE if fmt == "html" else f"report.{fmt}"), text.encode())
     # no DDTree and DFlash in one group, no pack check (any more): no file, not an empty one
@@ -154,7 +161,7 @@ def finish(args: argparse.Namespace) -> int:
     run = _load(root)
     from .verdict import judge
 
-    report_md = _write(root, run)["md"]
+    report_md = _write(root, run, plots=not args.no_plots)["md"]
     result = judge(run, args.hosts, args.fail_on)
     sys.stdout.write(report_md)
     print("\n" + json.dumps({"ok": result.ok, "lines": result.lines}))
@@ -301,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--suite", help="the suite's name")
     f.add_argument("--fail-on", choices=FAIL_ON, default="none_ok", help="what fails the run (default: none_ok)")
     f.add_argument("--hosts", nargs="*", default=[], help="the hosts of the session")
+    f.add_argument("--no-plots", action="store_true", help="write the report files without plots (and remove an "
+                   "earlier report's plots of the run): bench_report_plots=false")
     f.set_defaults(func=finish)
     v = sub.add_parser("verdict", help="exit 1 when the run's statuses fail bench_fail_on",
                        description="Exit 1 when the run's statuses fail bench_fail_on.")

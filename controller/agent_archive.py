@@ -1,6 +1,11 @@
 """The agent as one file for the host: a zip of `agent/*.py` that Python runs as a script
 (`python agent.pyz run ...`), so installing it is one transfer instead of one per module.
 
+Beside each module the archive carries its bytecode for the controller's Python (a pyc checked against the source
+it sits next to). Python never caches what it compiles from a zip, and every progress poll and pack is a fresh
+process on the host, beside the engine being measured: a host on the controller's Python version skips compiling
+the agent on each call; any other version finds the magic number foreign and compiles the source as before.
+
 The archive is deterministic (sorted entries, a fixed timestamp, fixed modes): the same sources give the same bytes,
 so a second run copies nothing. It is kept in the user's cache folder under its content hash; a cached file is
 used only when its bytes are the ones just built."""
@@ -9,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import py_compile
 import tempfile
 import zipfile
 from pathlib import Path
@@ -19,14 +25,29 @@ MAIN = b"import runpy\nrunpy.run_module('agent', run_name='__main__', alter_sys=
 STAMP = (1980, 1, 1, 0, 0, 0)
 
 
+def bytecode(source: Path, name: str, tmp: Path) -> bytes:
+    """`source` compiled by this Python (in the folder `tmp`) into a pyc checked against the source's hash (no
+    timestamp: the same source gives the same bytes), its code naming the file `name`."""
+    out = tmp / f"{source.stem}.pyc"
+    py_compile.compile(str(source), cfile=str(out), dfile=name, doraise=True,
+                       invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+    return out.read_bytes()
+
+
 def archive_bytes(project: Path) -> bytes:
-    """The zip of `<project>/agent/*.py` under `agent/`, with a top-level `__main__.py` running the package."""
+    """The zip of `<project>/agent/*.py` (each with its pyc) under `agent/`, with a top-level `__main__.py`
+    running the package."""
     sources = sorted((project / "agent").glob("*.py"))
     if not any(p.name == "__main__.py" for p in sources):
         raise FileNotFoundError(f"no agent package with a __main__.py under {project}")
+    entries = [("__main__.py", MAIN)]
+    with tempfile.TemporaryDirectory(prefix="specfleet-pyc-") as tmp:
+        for p in sources:
+            entries += [(f"agent/{p.name}", p.read_bytes()),
+                        (f"agent/{p.stem}.pyc", bytecode(p, f"agent/{p.name}", Path(tmp)))]
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-        for name, data in [("__main__.py", MAIN), *((f"agent/{p.name}", p.read_bytes()) for p in sources)]:
+        for name, data in entries:
             info = zipfile.ZipInfo(name, STAMP)
             info.compress_type = zipfile.ZIP_DEFLATED
             info.external_attr = 0o644 << 16

@@ -296,3 +296,20 @@ def test_run_without_configs_writes_no_plot(tmp_path: Path) -> None:
     run = load_run(run_dir)
     assert table(run).empty
     assert write(run, table(run), out) == [] and list(out.iterdir()) == []
+
+
+def test_finish_without_plots_writes_every_report_file_and_removes_the_earlier_plots(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """bench_report_plots=false (`finish --no-plots`): report.md/.csv/.json and report.html are written, no plot
+    is drawn, and the plots of an earlier report of the run go (they would no longer match it)."""
+    run_dir = write_run(tmp_path)
+    (run_dir / "plots").mkdir()
+    for name in ("tok-s-gpu1-tp1.png", "tok-s-gpu1-tp1.svg"):
+        (run_dir / "plots" / name).write_bytes(b"an earlier report's plot")
+    assert collector_main(["finish", str(run_dir), "--suite", "plots", "--no-plots", "--hosts", HOST]) == 0
+    assert list((run_dir / "plots").iterdir()) == []
+    page = (run_dir / "report.html").read_text()
+    assert "<p>No plots.</p>" in page and "data:image/png" not in page
+    for fmt in ("md", "csv", "json"):
+        assert (run_dir / f"report.{fmt}").stat().st_size > 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["ok"] is True

@@ -1,7 +1,9 @@
 """The agent as one archive (controller/agent_archive.py): deterministic, runnable as a script from any folder,
-and a cached copy is used only when its bytes are the ones built."""
+carrying bytecode that a host on the same Python uses and a host on another ignores, and a cached copy is used
+only when its bytes are the ones built."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import zipfile
@@ -21,7 +23,8 @@ def test_same_sources_same_bytes_and_every_module_inside(tmp_path: Path) -> None
     assert path.read_bytes() == a and path.name.startswith("agent-") and path.suffix == ".pyz"
     names = zipfile.ZipFile(path).namelist()
     assert names[0] == "__main__.py"
-    assert sorted(names[1:]) == sorted(f"agent/{p.name}" for p in (ROOT / "agent").glob("*.py"))
+    sources = list((ROOT / "agent").glob("*.py"))
+    assert sorted(names[1:]) == sorted([f"agent/{p.name}" for p in sources] + [f"agent/{p.stem}.pyc" for p in sources])
     assert agent_archive.build(ROOT, tmp_path) == path and len(list(tmp_path.iterdir())) == 1  # reused, no temp left
 
 
@@ -59,3 +62,38 @@ def test_the_archive_runs_the_agent_and_no_other_copy_shadows_it(tmp_path: Path)
 def test_no_agent_package_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no agent package"):
         agent_archive.archive_bytes(tmp_path)
+
+
+def test_controllers_in_other_processes_build_the_same_bytes(tmp_path: Path) -> None:
+    """Bytecode is part of the archive: two controller processes (other hash seeds) must still build the same
+    bytes, or every run would copy the agent again."""
+    code = "import sys; from pathlib import Path; from controller import agent_archive; " \
+           "sys.stdout.buffer.write(agent_archive.archive_bytes(Path(sys.argv[1])))"
+    built = {subprocess.run([sys.executable, "-c", code, str(ROOT)], cwd=ROOT, capture_output=True, check=True,
+                            env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2", "random")}
+    assert built == {agent_archive.archive_bytes(ROOT)}
+
+
+WHERE = "import agent.__main__ as m, agent.records as r; print(r.__file__); print(m.__file__)"
+
+
+def test_a_host_on_this_python_runs_the_bytecode_and_another_the_source(tmp_path: Path) -> None:
+    """The same interpreter loads each module from its pyc; an interpreter of another version finds a foreign
+    magic number (here: the archive's pyc made foreign) and compiles the source, and the agent still runs."""
+    path = agent_archive.build(ROOT, tmp_path / "cache")
+    res = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(path)!r}); {WHERE}"],
+                         cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert [line.rsplit("/", 1)[1] for line in res.stdout.split()] == ["records.pyc", "__main__.pyc"]
+    foreign = tmp_path / "foreign.pyz"
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(foreign, "w") as out:
+        for info in src.infolist():
+            data = src.read(info)
+            out.writestr(info, b"\x00\x00" + data[2:] if info.filename.endswith(".pyc") else data)
+    res = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(foreign)!r}); {WHERE}"],
+                         cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert [line.rsplit("/", 1)[1] for line in res.stdout.split()] == ["records.py", "__main__.py"]
+    run = subprocess.run([sys.executable, str(foreign), "schemas", "--out", str(tmp_path / "schemas")],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    made = sorted(p.name for p in (tmp_path / "schemas").iterdir())
+    assert made == sorted(p.name for p in (ROOT / "schemas").iterdir())

@@ -48,7 +48,8 @@ class Bench:
         """Extra vars: this test's controller results folder and, on this machine, its own host folder
         (remote hosts keep their default folder)."""
         path = self.tmp / f"vars-{len(list(self.tmp.glob('vars-*')))}.yml"
-        own = {"bench_controller_results": str(self.results)}
+        # no plots: no test of this helper looks at them (the demo's tests do), and drawing them costs seconds a run
+        own: dict[str, Any] = {"bench_controller_results": str(self.results), "bench_report_plots": False}
         if local:
             own["bench_host_dir"] = str(self.host_dir)
         path.write_text(yaml.safe_dump({**own, **extra}))

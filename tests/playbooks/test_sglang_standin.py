@@ -29,6 +29,10 @@ def test_the_sglang_methods_of_ct200_run_end_to_end(bench: Bench) -> None:
                                            "concurrency": [1, 2]}]}]}
     res = bench.run(extra, timeout=600)
     assert res.returncode == 0, res.stdout[-4000:]
+    # the harness's runs draw no plot (bench_report_plots=false): the play says so and the page has none
+    assert "plots:  not drawn (bench_report_plots=false): specfleet plot" in res.stdout
+    assert not list((bench.results / run).glob("plots/*")) and "<p>No plots.</p>" in \
+        (bench.results / run / "report.html").read_text()
     host = bench.results / run / "local"
     ids = ["tp1-autoregressive", "tp1-dflash", "tp1-dflash-nooverlap", "tp1-ddtree-b8", "tp1-ddtree-b16"]
     for cid in ids:
