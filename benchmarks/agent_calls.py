@@ -22,10 +22,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from controller import agent_archive
 
-from controller import agent_archive  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def source_only(archive: Path, out: Path) -> Path:

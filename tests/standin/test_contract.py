@@ -54,7 +54,7 @@ class Served:
         argv = [str(a).replace(PORT, str(self.port)) for a in ENGINE.launch_command(str(python), CONFIG, "127.0.0.1")]
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CACHE_ROOT": str(folder / "cache"),
                "TMPDIR": str(folder), "VLLM_RPC_BASE_PATH": str(folder), "HF_HUB_OFFLINE": "1",
-               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "OMP_WAIT_POLICY": "PASSIVE"}
         self.log = folder / "server.log"
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
