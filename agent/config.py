@@ -56,6 +56,7 @@ class Host:
     flags: Optional[Set[str]] = None
     choices: Dict[str, List[str]] = field(default_factory=dict)
     features: Dict[str, Any] = field(default_factory=dict)  # what the build's source says it can do (agent.probe)
+    defaults: Dict[str, str] = field(default_factory=dict)  # the defaults its help states (agent.probe)
     twins: Dict[str, str] = field(default_factory=dict)  # config id -> the config whose server it is on this build
     skip_unsupported: bool = False  # record configs with unknown flags skipped instead of failed
     ports: Set[int] = field(default_factory=set)  # ports of servers running now (packed configs run at once)
@@ -119,7 +120,7 @@ def config_digest(cfg: Mapping[str, Any]) -> str:
 
 def engine_flags(engine: Engine, python: str, env: Mapping[str, str]) -> Set[str]:
     """Every `--flag` the installed engine's `--help` mentions."""
-    return probe.read_help(python, engine.module, env)[0]
+    return probe.read_help(python, engine.module, env, arg=engine.help_arg)[0]
 
 
 def unknown_flags(argv: List[str], known: Set[str], choices: Optional[Mapping[str, List[str]]] = None) -> List[str]:
@@ -140,7 +141,7 @@ def preflight(host: Host, cfg: Mapping[str, Any], slot: Optional[Slot] = None) -
     if host.flags is None:
         try:
             host.flags, host.choices = probe.read_help(host.suite["engine_python"], host.engine.module,
-                                                       server_env(cfg))
+                                                       server_env(cfg), arg=host.engine.help_arg)
         except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
             return Result.failed(Reason.ENGINE_UNAVAILABLE, str(exc))
     missing = unknown_flags(cfg["command"], host.flags, host.choices)
@@ -167,7 +168,7 @@ def preflight(host: Host, cfg: Mapping[str, Any], slot: Optional[Slot] = None) -
         return Result.failed(Reason.DOES_NOT_FIT, f"tp {cfg['tp']} needs {cfg['tp']} GPUs; this host has "
                                                   f"{host.gpu_count}")
     if host.gpu_memory_mib:
-        verdict = fit.of_config(cfg, host.engine.name, cfg["command"], host.gpu_memory_mib)
+        verdict = fit.of_config(cfg, host.engine.name, cfg["command"], host.gpu_memory_mib, host.defaults)
         if verdict is not None and not verdict.fits:
             return Result.failed(Reason.DOES_NOT_FIT, f"memory: {verdict.detail}", memory_fit=verdict.detail)
     idle = ({i: host.idle_gpu[i] for i in slot.gpus if i in host.idle_gpu} if slot is not None and slot.gpus

@@ -95,6 +95,7 @@ class Engine:
     batch_flag: str = ""  # the most requests it runs at once; more wait in its queue
     # its own limit when the flag is not given: (tp, GPU count, MiB per GPU (0: unknown), server args) -> int or None
     default_batch: Callable[[int, int, int, list[str]], int | None] = lambda tp, gpus, mib, args: None
+    help_arg: str = "--help"  # the help that lists every flag (and, where the engine prints them, the defaults)
 
     def launch_command(self, python: str, cfg: dict[str, Any], bind_host: str) -> list[str]:
         """The exact argv for a config; the port is the `{port}` placeholder."""
@@ -113,7 +114,7 @@ class Engine:
         return ["--api-key", api_key], {}
 
     def help_command(self, python: str) -> list[str]:
-        return [python, "-m", self.module, "--help"]
+        return [python, "-m", self.module, self.help_arg]
 
     def request(self, model: str, prompt: str | list[int], max_tokens: int, sampling: dict[str, Any],
                 salt: str) -> dict[str, Any]:
@@ -233,7 +234,7 @@ ENGINES: dict[str, Engine] = {
                   "requests": "vllm:request_success_total", "drafts": "vllm:spec_decode_num_drafts_total",
                   "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
                   "accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total"},
-        batch_flag="--max-num-seqs", default_batch=_default_batch_vllm),
+        batch_flag="--max-num-seqs", default_batch=_default_batch_vllm, help_arg="--help=all"),
     "sglang": Engine(
         name="sglang", module="sglang.launch_server",
         methods=("autoregressive", "ngram", "draft_model", "eagle", "eagle3", "mtp", "dflash", "ddtree"),

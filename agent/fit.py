@@ -20,8 +20,10 @@ DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2,
                "float8_e5m2": 1, "fp8": 1, "int8": 1}
 ATTENTION_TYPES = ("full_attention", "attention", "sliding_attention")
 FRACTION_FLAGS = {"sglang": "--mem-fraction-static", "vllm": "--gpu-memory-utilization"}
-# vLLM's own default (CacheConfig.gpu_memory_utilization: 0.92 in 0.32, `--help=all` says so; the engine contract
-# reads it from the real engine); SGLang chooses its own by GPU and TP: without the flag only weights are checked
+# The engine's own default where the flag is left out: what the host's engine states in its help (vLLM's
+# `--help=all`: agent.probe.help_defaults) when the host was probed, else this documented one (vLLM 0.32's
+# CacheConfig.gpu_memory_utilization; the engine contract reads it from the real engine). SGLang chooses its own
+# by GPU and TP and states none: without the flag only weights are checked.
 DEFAULT_FRACTION = {"vllm": 0.92}
 GIB = 1 << 30
 MIB = 1 << 20
@@ -63,11 +65,18 @@ class Shape:
         return 2 * self.attention_layers * self.kv_heads_per_gpu(tp) * self.head_dim * self.dtype_bytes
 
 
-def memory_fraction(engine: str, argv: Sequence[str]) -> Optional[float]:
-    """The fraction of GPU memory the engine may use: its flag in the command, else its documented default."""
+def memory_fraction(engine: str, argv: Sequence[str], stated: Optional[Mapping[str, str]] = None
+                    ) -> Optional[float]:
+    """The fraction of GPU memory the engine may use: its flag in the command, else the default the host's engine
+    states (`stated`: flag -> default, from its help), else the documented one."""
     flag = FRACTION_FLAGS.get(engine)
     given = flag_value(argv, flag) if flag else None
-    return float(given) if given is not None else DEFAULT_FRACTION.get(engine)
+    if given is not None:
+        return float(given)
+    try:
+        return float((stated or {})[flag])  # type: ignore[index]
+    except (KeyError, TypeError, ValueError):
+        return DEFAULT_FRACTION.get(engine)
 
 
 @dataclass
@@ -115,7 +124,7 @@ def largest_tokens(cells: Sequence[Mapping[str, Any]], warmup_max_tokens: int = 
 
 
 def judge(cfg: Mapping[str, Any], engine: str, argv: Sequence[str], gpu_mib: int, model: Mapping[str, Any],
-          drafter_bytes: int) -> Optional[Fit]:
+          drafter_bytes: int, stated: Optional[Mapping[str, str]] = None) -> Optional[Fit]:
     """The fit of one resolved config on GPUs of `gpu_mib`, from its model as `probe.model` reads it (config.json
     and weight bytes, here or on the host); None when there is nothing to judge from."""
     config, weights = model.get("config"), model.get("weights_bytes")
@@ -125,12 +134,13 @@ def judge(cfg: Mapping[str, Any], engine: str, argv: Sequence[str], gpu_mib: int
         shape = Shape.from_config(config)
     except (KeyError, TypeError, ValueError):
         return None
-    return check(shape, int(weights), drafter_bytes, gpu_mib, memory_fraction(engine, argv), cfg["tp"],
+    return check(shape, int(weights), drafter_bytes, gpu_mib, memory_fraction(engine, argv, stated), cfg["tp"],
                  largest_tokens(cfg["cells"], cfg.get("warmup_max_tokens", 0)))
 
 
-def of_config(cfg: Mapping[str, Any], engine: str, argv: Sequence[str], gpu_mib: int) -> Optional[Fit]:
+def of_config(cfg: Mapping[str, Any], engine: str, argv: Sequence[str], gpu_mib: int,
+              stated: Optional[Mapping[str, str]] = None) -> Optional[Fit]:
     """The fit of one resolved config, from its model folders on this host."""
     draft = cfg.get("draft_model") or {}
     drafter = (probe.model(draft["path"])["weights_bytes"] if draft.get("path") else None) or 0
-    return judge(cfg, engine, argv, gpu_mib, probe.model(cfg["model"]["path"]), drafter)
+    return judge(cfg, engine, argv, gpu_mib, probe.model(cfg["model"]["path"]), drafter, stated)

@@ -51,6 +51,25 @@ def help_flags(text: str) -> Set[str]:
     return set(FLAG.findall(text))
 
 
+# an option's line in argparse's help ("  --flag META, --alias META"), and the default argparse appends to its text
+OPTION = re.compile(r"^  (--[A-Za-z0-9][^\n]*)$", re.M)
+DEFAULT = re.compile(r"\(default: ([^()\n]*)\)")
+
+
+def help_defaults(text: str) -> Dict[str, str]:
+    """The default each flag's help states ("(default: 0.92)", as vLLM's `--help=all` prints them), under every
+    spelling on the option's line; a flag whose default is None (computed when the engine starts) is left out."""
+    out: Dict[str, str] = {}
+    starts = list(OPTION.finditer(text))
+    for i, m in enumerate(starts):
+        block = text[m.start():starts[i + 1].start() if i + 1 < len(starts) else len(text)]
+        found = DEFAULT.findall(" ".join(block.split()))
+        if found and found[-1].strip() not in ("None", ""):
+            for flag in FLAG.findall(m.group(1)):
+                out.setdefault(flag, found[-1].strip())
+    return out
+
+
 def help_choices(text: str) -> Dict[str, List[str]]:
     """The values each flag accepts where the help lists them as argparse choices."""
     out: Dict[str, List[str]] = {}
@@ -186,18 +205,26 @@ def unsupported(argv: Sequence[str], flags: Set[str], choices: Mapping[str, Sequ
     return out
 
 
-def read_help(python: str, module: str, env: Optional[Mapping[str, str]] = None,
-              timeout: float = 600) -> Tuple[Set[str], Dict[str, List[str]]]:
-    """The flags and choices of `<python> -m <module> --help`; RuntimeError naming the command when it fails or
-    names no flags, OSError when the interpreter is not there."""
-    argv = [python, "-m", module, "--help"]
+def help_text(python: str, module: str, env: Optional[Mapping[str, str]] = None, timeout: float = 600,
+              arg: str = "--help") -> str:
+    """What `<python> -m <module> <arg>` prints (`arg`: the engine's help switch, `--help=all` for vLLM, whose
+    plain help leaves out some flags and every default); RuntimeError naming the command when it fails or names no
+    flags, OSError when the interpreter is not there."""
+    argv = [python, "-m", module, arg]
     res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=None if env is None else dict(env))
     text = res.stdout + res.stderr
     flags = help_flags(text)
     if res.returncode != 0 or "--help" not in flags and len(flags) < 5:
         lines = (res.stderr or res.stdout).strip().splitlines()[-10:]
         raise RuntimeError(f"`{' '.join(argv)}` failed ({res.returncode}): " + "\n".join(lines))
-    return flags, help_choices(text)
+    return text
+
+
+def read_help(python: str, module: str, env: Optional[Mapping[str, str]] = None, timeout: float = 600,
+              arg: str = "--help") -> Tuple[Set[str], Dict[str, List[str]]]:
+    """The flags and choices of the engine's help (`help_text`)."""
+    text = help_text(python, module, env, timeout, arg)
+    return help_flags(text), help_choices(text)
 
 
 def identity(python: str, module: str, dists: Sequence[str], env: Optional[Mapping[str, str]] = None
@@ -226,13 +253,14 @@ def cached(cache: Optional[str], key: Optional[str]) -> Optional[Dict[str, Any]]
         data = json.loads(cache_path(cache, key).read_text())
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) and data.get("flags") else None
+    # a help kept by an earlier specfleet, without the defaults, is read again (once)
+    return data if isinstance(data, dict) and data.get("flags") and "defaults" in data else None
 
 
 def engine(python: str, module: str, dists: Sequence[str], env: Optional[Mapping[str, str]] = None,
-           timeout: float = 600, cache: Optional[str] = None) -> Dict[str, Any]:
-    """The engine's version and `--help` as flags and choices (from the host's cache when this very engine was
-    read before: `cached` names the file), or why they could not be read."""
+           timeout: float = 600, cache: Optional[str] = None, arg: str = "--help") -> Dict[str, Any]:
+    """The engine's version and help (`arg`) as flags, choices and stated defaults (from the host's cache when this
+    very engine was read before: `cached` names the file), or why they could not be read."""
     out: Dict[str, Any] = {"python": python, "module": module, "version": None, "key": None}
     try:
         ident = identity(python, module, dists, env)
@@ -240,14 +268,15 @@ def engine(python: str, module: str, dists: Sequence[str], env: Optional[Mapping
         kept = cached(cache, out["key"])
         if kept:
             out.update(flags=kept["flags"], choices=kept.get("choices") or {}, features=kept.get("features") or {},
-                       cached=str(cache_path(str(cache), out["key"])))
+                       defaults=kept.get("defaults") or {}, cached=str(cache_path(str(cache), out["key"])))
             return out
-        flags, choices = read_help(python, module, env, timeout)
+        text = help_text(python, module, env, timeout, arg)
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
         out["error"] = str(exc) if isinstance(exc, RuntimeError) else f"{type(exc).__name__}: {exc}"
         return out
     features = sglang_source(ident.get("package")) if module.startswith("sglang") else {}
-    out.update(flags=sorted(flags), choices=with_source_choices(choices, features), features=features)
+    out.update(flags=sorted(help_flags(text)), choices=with_source_choices(help_choices(text), features),
+               features=features, defaults=help_defaults(text))
     return out
 
 
@@ -279,11 +308,11 @@ def gpu_memory_mib() -> Optional[int]:
 
 
 def probe(request: Mapping[str, Any]) -> Dict[str, Any]:
-    """{engine: {python, module, dists, env}, models: {key: path}, cache: folder} → what the host says about
-    each."""
+    """{engine: {python, module, dists, env, help_arg}, models: {key: path}, cache: folder} → what the host says
+    about each."""
     e = request["engine"]
     return {"engine": engine(e["python"], e["module"], e.get("dists", []), e.get("env"),
-                             cache=request.get("cache")),
+                             cache=request.get("cache"), arg=e.get("help_arg") or "--help"),
             "models": {k: model(p) for k, p in (request.get("models") or {}).items() if p},
             "gpu_memory_mib": gpu_memory_mib()}
 

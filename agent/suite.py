@@ -70,6 +70,7 @@ class Suite:
                 and known.get("module") == self.host.engine.module):
             self.host.flags, self.host.choices = set(known.get("flags") or ()), dict(known.get("choices") or {})
             self.host.features = dict(known.get("features") or {})
+            self.host.defaults = dict(known.get("defaults") or {})
         self.help_key: Optional[str] = known.get("key") if self.host.flags is not None else None
 
     def prepare(self) -> None:
@@ -81,7 +82,8 @@ class Suite:
         if host.flags is None:  # read once here, so that host.json records what this engine accepts
             self.read_help()
         if host.flags is not None:  # a later plan reads it when the host cannot be asked
-            info["engine"]["help"] = {"flags": sorted(host.flags), "choices": host.choices}
+            info["engine"]["help"] = {"flags": sorted(host.flags), "choices": host.choices,
+                                      "defaults": host.defaults}
             info["engine"]["features"] = host.features
             self.keep_help()
         write_json(store.dir / "host.json", info)
@@ -101,11 +103,12 @@ class Suite:
         host = self.host
         env = server_env({"env": {k: str(v) for k, v in (host.suite.get("env") or {}).items()}})
         read = probe.engine(host.suite["engine_python"], host.engine.module, DISTRIBUTIONS[host.engine.name], env,
-                            cache=str(self.cache) if self.cache else None)
+                            cache=str(self.cache) if self.cache else None, arg=host.engine.help_arg)
         self.help_key = read.get("key")
         if read.get("flags"):
             host.flags, host.choices = set(read["flags"]), dict(read.get("choices") or {})
             host.features = dict(read.get("features") or {})
+            host.defaults = dict(read.get("defaults") or {})
 
     def keep_help(self) -> None:
         """The engine's flags into the host's cache, for the next plan and run (once per engine build)."""
@@ -116,7 +119,8 @@ class Suite:
             write_json(probe.cache_path(str(self.cache), self.help_key),
                        {"python": self.host.suite["engine_python"], "module": self.host.engine.module,
                         "version": self.host.engine_info.get("version"), "flags": sorted(self.host.flags or ()),
-                        "choices": self.host.choices, "features": self.host.features})
+                        "choices": self.host.choices, "features": self.host.features,
+                        "defaults": self.host.defaults})
         except OSError:
             pass  # a cache that cannot be written costs the next run one --help, nothing else
 

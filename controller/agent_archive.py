@@ -12,9 +12,10 @@ used only when its bytes are the ones just built."""
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import io
+import marshal
 import os
-import py_compile
 import tempfile
 import zipfile
 from pathlib import Path
@@ -25,13 +26,14 @@ MAIN = b"import runpy\nrunpy.run_module('agent', run_name='__main__', alter_sys=
 STAMP = (1980, 1, 1, 0, 0, 0)
 
 
-def bytecode(source: Path, name: str, tmp: Path) -> bytes:
-    """`source` compiled by this Python (in the folder `tmp`) into a pyc checked against the source's hash (no
-    timestamp: the same source gives the same bytes), its code naming the file `name`."""
-    out = tmp / f"{source.stem}.pyc"
-    py_compile.compile(str(source), cfile=str(out), dfile=name, doraise=True,
-                       invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
-    return out.read_bytes()
+def bytecode(source: bytes, name: str) -> bytes:
+    """`source` compiled by this Python into a pyc checked against the source's hash (no timestamp), its code
+    naming the file `name`. The code is marshalled in format 2, which has no back-references: the newer formats
+    mark objects by how many references the compiling process holds to them, so the same source could give other
+    bytes in another controller process, and the host would be sent the agent again."""
+    code = compile(source, name, "exec", dont_inherit=True)
+    flags = (0b11).to_bytes(4, "little")  # hash-based, checked against the source
+    return importlib.util.MAGIC_NUMBER + flags + importlib.util.source_hash(source) + marshal.dumps(code, 2)
 
 
 def archive_bytes(project: Path) -> bytes:
@@ -41,10 +43,9 @@ def archive_bytes(project: Path) -> bytes:
     if not any(p.name == "__main__.py" for p in sources):
         raise FileNotFoundError(f"no agent package with a __main__.py under {project}")
     entries = [("__main__.py", MAIN)]
-    with tempfile.TemporaryDirectory(prefix="specfleet-pyc-") as tmp:
-        for p in sources:
-            entries += [(f"agent/{p.name}", p.read_bytes()),
-                        (f"agent/{p.stem}.pyc", bytecode(p, f"agent/{p.name}", Path(tmp)))]
+    for p in sources:
+        text = p.read_bytes()
+        entries += [(f"agent/{p.name}", text), (f"agent/{p.stem}.pyc", bytecode(text, f"agent/{p.name}"))]
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
         for name, data in entries:

@@ -59,7 +59,8 @@ def recorded(results: Path, host: str) -> tuple[dict[str, Any], str] | None:
     totals = [d.get("memory.total") for d in (info.get("gpus") or {}).get("devices") or []
               if isinstance(d.get("memory.total"), int)]
     data = {"engine": {"version": eng.get("version"), "flags": eng["help"].get("flags") or [],
-                       "choices": eng["help"].get("choices") or {}, "features": eng.get("features") or {}},
+                       "choices": eng["help"].get("choices") or {}, "features": eng.get("features") or {},
+                       "defaults": eng["help"].get("defaults") or {}},
             "models": {k: info[k] for k in ("model", "draft_model") if isinstance(info.get(k), dict)},
             "gpu_memory_mib": min(totals) if totals else None}
     what = " ".join(str(build[k]) for k in ("refspec", "ref") if build.get(k))
@@ -73,7 +74,8 @@ def engine_help(answer: Any) -> dict[str, Any] | None:
     eng = (parse(answer)[0] or {}).get("engine") or {}
     if eng.get("error") or not eng.get("flags"):
         return None
-    return {k: eng.get(k) for k in ("python", "module", "version", "flags", "choices", "features", "key")}
+    return {k: eng.get(k) for k in ("python", "module", "version", "flags", "choices", "features", "defaults",
+                                    "key")}
 
 
 def assess(configs: list[dict[str, Any]], answer: Any, engine: str, gpu_memory_mib: int,
@@ -110,7 +112,7 @@ def assess(configs: list[dict[str, Any]], answer: Any, engine: str, gpu_memory_m
                 cfg, eng.get("features") or {}, drafter if same else None,
                 target if target.get("path") == (cfg.get("model") or {}).get("path") else None)]
         if data is not None:
-            check.fit, check.fit_line = _fit(cfg, engine, models, gpu_mib)
+            check.fit, check.fit_line = _fit(cfg, engine, models, gpu_mib, eng.get("defaults"))
             check.fit_line += source if check.fit is not None else ""
         out[cfg["config_id"]] = check
     if (eng.get("features") or {}).get("dflash_overlap") is False:
@@ -141,14 +143,16 @@ def _offsite(configs: list[dict[str, Any]], engine: str, gpu_mib: int, why: str,
     return out
 
 
-def _fit(cfg: Mapping[str, Any], engine: str, models: Mapping[str, Any], gpu_mib: int) -> tuple[fit.Fit | None, str]:
+def _fit(cfg: Mapping[str, Any], engine: str, models: Mapping[str, Any], gpu_mib: int,
+         stated: Mapping[str, str] | None = None) -> tuple[fit.Fit | None, str]:
+    """The fit line of a config; `stated`: the defaults the host's engine states in its help."""
     target = models.get("model") or {}
     if not gpu_mib:
         return None, "not checked: no GPU memory known (nvidia-smi found none; set bench_gpu_memory_mib)"
     if not isinstance(target.get("config"), dict) or not target.get("weights_bytes"):
         return None, f"not checked: no config.json or weights in {cfg['model']['path']} on the host"
     drafter = int((models.get("draft_model") or {}).get("weights_bytes") or 0) if cfg.get("draft_model") else 0
-    verdict = fit.judge(cfg, engine, cfg["command"], gpu_mib, target, drafter)
+    verdict = fit.judge(cfg, engine, cfg["command"], gpu_mib, target, drafter, stated)
     if verdict is None:
         return None, "not checked: the model's config.json lacks the fields the fit needs"
     return verdict, ("fits: " if verdict.fits else "does_not_fit: ") + verdict.detail

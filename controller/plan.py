@@ -295,7 +295,7 @@ def probe_request(suite: Mapping[str, Any], host_dir: str | None = None) -> dict
     engine = ENGINES[suite["engine"]]
     models = {k: suite[k]["path"] for k in ("model", "draft_model") if isinstance(suite.get(k), dict)}
     return {"engine": {"python": suite["engine_python"], "module": engine.module,
-                       "dists": DISTRIBUTIONS[engine.name]}, "models": models,
+                       "dists": DISTRIBUTIONS[engine.name], "help_arg": engine.help_arg}, "models": models,
             "cache": f"{host_dir.rstrip('/')}/cache" if host_dir else None}
 
 

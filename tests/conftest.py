@@ -112,11 +112,13 @@ def engine_help(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     python = ROOT / ".cache/engine-venv/bin/python"
     module = ENGINES["vllm"].module
-    read = probe.engine(str(python), module, DISTRIBUTIONS["vllm"], {**os.environ, "VLLM_NO_USAGE_STATS": "1"})
+    read = probe.engine(str(python), module, DISTRIBUTIONS["vllm"], {**os.environ, "VLLM_NO_USAGE_STATS": "1"},
+                        arg=ENGINES["vllm"].help_arg)
     assert read.get("flags") and read.get("key"), read
     path = probe.cache_path(str(tmp_path_factory.mktemp("engine-help")), read["key"])
     path.write_text(json.dumps({"python": str(python), "module": module, "version": read["version"],
-                                "flags": read["flags"], "choices": read["choices"], "features": read["features"]}))
+                                "flags": read["flags"], "choices": read["choices"], "features": read["features"],
+                                "defaults": read["defaults"]}))
     return path
 
 

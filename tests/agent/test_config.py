@@ -222,7 +222,7 @@ def test_unknown_flags_are_those_the_help_does_not_name() -> None:
 
 def test_engine_flags_are_read_from_the_engines_own_help(tmp_path: Path) -> None:
     python = write_engine(tmp_path)
-    assert VLLM.help_command(python) == [python, "-m", "vllm.entrypoints.openai.api_server", "--help"]
+    assert VLLM.help_command(python) == [python, "-m", "vllm.entrypoints.openai.api_server", "--help=all"]
     assert engine_flags(VLLM, python, {"PATH": os.environ.get("PATH", "")}) == set(FLAGS)
     fewer = write_engine(tmp_path / "old", flags=FLAGS[:-1])
     assert engine_flags(VLLM, fewer, {}) == set(FLAGS[:-1])

@@ -146,6 +146,12 @@ def test_the_help_is_kept_per_engine_build_and_read_again_when_the_code_changes(
     assert kept.name == f"engine-help-{first['key']}.json"
     again = probe.engine(sys.executable, "fake_sglang.launch_server", ["sglang"], env, cache=str(cache))
     assert again["cached"] == str(kept) and again["flags"] == first["flags"] and again["choices"] == first["choices"]
+    assert again["defaults"] == first["defaults"] == {}  # SGLang's help states no defaults
+    # a help an earlier specfleet kept, without the defaults: read again (the run after keeps them)
+    older = {k: v for k, v in json.loads(kept.read_text()).items() if k != "defaults"}
+    kept.write_text(json.dumps(older))
+    assert "cached" not in probe.engine(sys.executable, "fake_sglang.launch_server", ["sglang"], env, cache=str(cache))
+    kept.write_text(json.dumps({**older, "defaults": {}}))
     # the same version rebuilt: one of its files is newer, so its help is read again
     source = tmp_path / "engine" / "fake_sglang" / "launch_server.py"
     os.utime(source, ns=(source.stat().st_atime_ns, source.stat().st_mtime_ns + 10**9))
@@ -154,3 +160,40 @@ def test_the_help_is_kept_per_engine_build_and_read_again_when_the_code_changes(
     # a damaged file is no help: read again
     kept.write_text('{"flags": ')
     assert "cached" not in probe.engine(sys.executable, "fake_sglang.launch_server", ["sglang"], env, cache=str(cache))
+
+
+# Options as an engine's argparse declares them, rendered with argparse's own "(default: ...)" (vLLM's
+# `--help=all` appends them the same way): (add_argument's args, its keywords, what help_defaults must read)
+DEFAULTS = [
+    (("--gpu-memory-utilization", "--device-memory-utilization"), {"type": float, "default": 0.92,
+     "help": "The fraction of GPU memory to be used for the model executor, which can range from 0 to 1. "
+             "See --max-num-seqs for the batch."}, "0.92"),
+    (("--max-num-seqs",), {"type": int, "default": None, "help": "Maximum number of sequences."}, None),
+    (("--seed",), {"type": int, "default": 0, "help": "Random seed."}, "0"),
+    (("--dtype",), {"choices": ["auto", "bfloat16", "float16"], "default": "auto", "help": "Data type."}, "auto"),
+    (("--enforce-eager",), {"action": "store_true", "help": "Always use eager-mode PyTorch."}, "False"),
+    (("--chat-template-content-format",), {"default": "string, then openai", "help": "Format."},
+     "string, then openai"),
+    (("--no-help-text",), {"default": 7}, None),   # argparse states a default only after a help text
+]
+
+
+def test_help_defaults_read_every_spelling_and_leave_out_none(tmp_path: Path) -> None:
+    """Each option's stated default under each spelling on its own line, whatever its help wraps to or mentions
+    (a flag named in another option's text gets nothing from it); None (decided when the engine starts) is not a
+    default, nor is one the help does not state; a section header between options changes nothing."""
+    import argparse
+    import io
+
+    parser = argparse.ArgumentParser(prog="api_server.py", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    group = None
+    for k, (flags, kwargs, _) in enumerate(DEFAULTS):
+        if k == 3:
+            group = parser.add_argument_group("ModelConfig", "Configuration for the model.")
+        (group or parser).add_argument(*flags, **kwargs)
+    out = io.StringIO()
+    parser.print_help(out)
+    got = probe.help_defaults(out.getvalue())
+    want = {flag: value for flags, _, value in DEFAULTS if value is not None for flag in flags}
+    assert got == want
+    assert probe.help_defaults("usage: x [-h]\n\noptions:\n  -h, --help  show this help\n  --port PORT\n") == {}

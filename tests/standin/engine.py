@@ -82,11 +82,14 @@ class Dialect:
     """One engine's command line and HTTP surface."""
 
     def __init__(self, name: str, version: str, prog: str, model_flag: str, health: Tuple[str, ...],
-                 generate: str, flags: Dict[str, Optional[Tuple[str, ...]]], switches: Tuple[str, ...]) -> None:
+                 generate: str, flags: Dict[str, Optional[Tuple[str, ...]]], switches: Tuple[str, ...],
+                 help_all: Optional[Dict[str, str]] = None) -> None:
         self.name, self.version, self.prog, self.model_flag = name, version, prog, model_flag
         self.health, self.generate = health, generate
         self.flags = flags          # flag -> its choices (None: any value)
         self.switches = switches    # flags that take no value
+        # `--help=all` (vLLM): the defaults it states after each flag's text; None: the engine has no such help
+        self.help_all = help_all
 
 
 VLLM = Dialect(
@@ -96,7 +99,10 @@ VLLM = Dialect(
                        "--seed", "--load-format", "--api-key")}
     | {"--per-request-spec-decode-metrics": ("none", "summary", "detailed")},
     ("--enforce-eager", "--enable-prefix-caching", "--no-enable-prefix-caching",
-     "--trust-remote-code"))
+     "--trust-remote-code"),
+    {"--port": "8000", "--tensor-parallel-size": "1", "--dtype": "auto", "--max-num-seqs": "None",
+     "--gpu-memory-utilization": "0.92", "--seed": "0", "--load-format": "auto",
+     "--per-request-spec-decode-metrics": "none", "--enforce-eager": "False", "--trust-remote-code": "False"})
 SGLANG = Dialect(
     "sglang", "0.5.15", "launch_server.py", "--model-path", ("/health", "/health_generate"), "/generate",
     {f: None for f in ("--model-path", "--served-model-name", "--host", "--port", "--tp-size", "--api-key",
@@ -119,9 +125,12 @@ def dropped() -> set:
     return {f for f in os.environ.get("STANDIN_HELP_DROP", "").split(",") if f}
 
 
-def help_text(d: Dialect) -> str:
+def help_text(d: Dialect, every: bool = False) -> str:
+    """The dialect's `--help`; `every` (vLLM's `--help=all`): each flag's line followed by the default it states,
+    as argparse words it."""
     if "STANDIN_HELP_TEXT" in os.environ:
         return os.environ["STANDIN_HELP_TEXT"]
+    stated = (d.help_all or {}) if every else {}
     lines = [f"usage: {d.prog} [-h] [options]", "", "options:",
              "  -h, --help            show this help message and exit"]
     for flag, choices in d.flags.items():
@@ -129,7 +138,13 @@ def help_text(d: Dialect) -> str:
             continue
         meta = "{" + ",".join(choices) + "}" if choices else flag[2:].upper().replace("-", "_")
         lines.append(f"  {flag} {meta}")
-    lines += [f"  {flag}" for flag in d.switches if flag not in dropped()]
+        if flag in stated:
+            lines.append(f"                        (default: {stated[flag]})")
+    for flag in d.switches:
+        if flag not in dropped():
+            lines.append(f"  {flag}")
+            if flag in stated:
+                lines.append(f"                        (default: {stated[flag]})")
     return "\n".join(lines) + "\n"
 
 
@@ -700,8 +715,12 @@ def main(argv: List[str]) -> None:
         sys.stderr.write(f"/usr/bin/python3: No module named {module}\n")
         sys.exit(1)
     d = DIALECTS[module]
-    if "--help" in rest or "-h" in rest:
-        sys.stdout.write(help_text(d))
+    if "--help=all" in rest and d.help_all is None:  # argparse's own answer where help takes no value
+        sys.stderr.write(f"usage: {d.prog} [-h] [options]\n{d.prog}: error: argument -h/--help: ignored explicit "
+                         "argument 'all'\n")
+        sys.exit(2)
+    if "--help" in rest or "-h" in rest or "--help=all" in rest:
+        sys.stdout.write(help_text(d, every="--help=all" in rest))
         sys.exit(int(os.environ.get("STANDIN_HELP_RC") or 0))
     serve(d, rest[2:], own)
 

@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Tuple
@@ -21,6 +22,7 @@ from agent.counters import SAMPLE
 from agent.engines import ENGINES, PORT
 from agent.server import free_port
 from tests.conftest import ROOT, short_tmp
+from tests.standin import ENGINE as STANDIN_ENGINE
 from tests.standin import write_python
 from tests.standin.engine import VLLM as STANDIN_VLLM
 
@@ -184,17 +186,22 @@ def test_every_flag_the_standin_takes_is_in_the_real_help(engine_help: Path) -> 
             assert sorted(allowed) == sorted(choices.get(flag, [])), flag
 
 
-def test_the_fit_uses_the_real_engines_default_memory_fraction() -> None:
-    """Without --gpu-memory-utilization the memory fit takes the engine's own default (agent.fit.DEFAULT_FRACTION):
-    the value the real engine's `--help=all` gives for the flag."""
-    from agent import fit
+def test_the_standin_states_the_real_defaults_and_the_fit_takes_them(engine_help: Path) -> None:
+    """The defaults the real engine states in its `--help=all` (as the agent reads and keeps them): the stand-in
+    states the same for every flag it gives one for (None: the real states none), and without
+    --gpu-memory-utilization the memory fit takes the stated fraction, which is also the documented one
+    (agent.fit.DEFAULT_FRACTION) used where the host was not probed."""
+    from agent import fit, probe
 
-    env = {**os.environ, "VLLM_NO_USAGE_STATS": "1"}
-    res = subprocess.run([str(ENGINE_PY), "-m", ENGINE.module, "--help=all"], capture_output=True, text=True,
-                         timeout=300, env=env)
-    text = res.stdout
-    assert res.returncode == 0, res.stderr[-2000:]
-    start = text.index("  --gpu-memory-utilization ")
-    block = text[start:text.index("\n  --", start + 1)]
-    default = float(block.split("(default: ", 1)[1].split(")", 1)[0])
-    assert fit.memory_fraction("vllm", []) == default, block
+    real = json.loads(engine_help.read_text())["defaults"]
+    text = subprocess.run([sys.executable, str(STANDIN_ENGINE), "-m", ENGINE.module, "--help=all"],
+                          capture_output=True, text=True, check=True).stdout
+    mine = probe.help_defaults(text)
+    assert STANDIN_VLLM.help_all
+    for flag, value in STANDIN_VLLM.help_all.items():
+        assert real.get(flag) == (None if value == "None" else value), (flag, value, real.get(flag))
+        assert mine.get(flag) == real.get(flag), flag
+    stated = float(real["--gpu-memory-utilization"])
+    assert fit.memory_fraction("vllm", [], real) == fit.memory_fraction("vllm", []) == stated
+    assert fit.memory_fraction("vllm", [], {"--gpu-memory-utilization": "0.5"}) == 0.5   # a host that says otherwise
+    assert fit.memory_fraction("vllm", ["--gpu-memory-utilization", "0.7"], real) == 0.7
