@@ -123,9 +123,11 @@ def engine_flags(engine: Engine, python: str, env: Mapping[str, str]) -> Set[str
     return probe.read_help(python, engine.module, env, arg=engine.help_arg)[0]
 
 
-def unknown_flags(argv: List[str], known: Set[str], choices: Optional[Mapping[str, List[str]]] = None) -> List[str]:
-    """Flags the engine does not know, and values outside a flag's listed choices."""
-    return probe.unsupported(argv, known, choices or {})
+def unknown_flags(argv: List[str], known: Set[str], choices: Optional[Mapping[str, List[str]]] = None,
+                  flexible: bool = False) -> List[str]:
+    """Flags the engine does not know, and values outside a flag's listed choices (`flexible`: names read as
+    vLLM reads them)."""
+    return probe.unsupported(argv, known, choices or {}, flexible)
 
 
 def server_env(cfg: Mapping[str, Any]) -> Dict[str, str]:
@@ -144,7 +146,7 @@ def preflight(host: Host, cfg: Mapping[str, Any], slot: Optional[Slot] = None) -
                                                        server_env(cfg), arg=host.engine.help_arg)
         except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
             return Result.failed(Reason.ENGINE_UNAVAILABLE, str(exc))
-    missing = unknown_flags(cfg["command"], host.flags, host.choices)
+    missing = unknown_flags(cfg["command"], host.flags, host.choices, host.engine.flexible_names)
     if missing:
         version = host.engine_info.get("version") or "unknown version"
         detail = f"{', '.join(missing)} not known to {host.engine.name} {version}"

@@ -10,6 +10,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from . import probe
+
 PORT = "{port}"  # placeholder in rendered commands, replaced by a free port at launch
 
 
@@ -96,6 +98,13 @@ class Engine:
     # its own limit when the flag is not given: (tp, GPU count, MiB per GPU (0: unknown), server args) -> int or None
     default_batch: Callable[[int, int, int, list[str]], int | None] = lambda tp, gpus, mib, args: None
     help_arg: str = "--help"  # the help that lists every flag (and, where the engine prints them, the defaults)
+    # vLLM's parser reads `--tensor_parallel_size` as `--tensor-parallel-size` and `--speculative-config.method=x`
+    # as a key of `--speculative-config` (its FlexibleArgumentParser); SGLang's takes names as written
+    flexible_names: bool = False
+
+    def flag_name(self, arg: str) -> str:
+        """The flag an argument sets, as this engine's parser reads its name (the `=value` left out)."""
+        return probe.flag_name(arg, self.flexible_names)
 
     def launch_command(self, python: str, cfg: dict[str, Any], bind_host: str) -> list[str]:
         """The exact argv for a config; the port is the `{port}` placeholder."""
@@ -202,14 +211,17 @@ _VERSION_PROBE = (
     "    print(dist.metadata['Name'], dist.version, c or '-'); break\n"
 )
 
-def flag_value(args: Sequence[str], flag: str) -> str | None:
-    """The value an engine's argparse ends up with for `flag` in `args`: the last of `flag v` and `flag=v`."""
+def flag_value(args: Sequence[str], flag: str, flexible: bool = False) -> str | None:
+    """The value an engine's argparse ends up with for `flag` in `args`: the last of `flag v` and `flag=v`
+    (`flexible`: names read as vLLM reads them, `--max_num_seqs` for `--max-num-seqs`)."""
     value = None
     for i, arg in enumerate(args):
-        if arg == flag and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith(flag + "="):
+        if not arg.startswith("-") or "." in arg.split("=", 1)[0] or probe.flag_name(arg, flexible) != flag:
+            continue  # (a dotted name sets one key of a JSON flag, not the flag)
+        if "=" in arg:
             value = arg.split("=", 1)[1]
+        elif i + 1 < len(args):
+            value = args[i + 1]
     return value
 
 
@@ -234,7 +246,7 @@ ENGINES: dict[str, Engine] = {
                   "requests": "vllm:request_success_total", "drafts": "vllm:spec_decode_num_drafts_total",
                   "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
                   "accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total"},
-        batch_flag="--max-num-seqs", default_batch=_default_batch_vllm, help_arg="--help=all"),
+        batch_flag="--max-num-seqs", default_batch=_default_batch_vllm, help_arg="--help=all", flexible_names=True),
     "sglang": Engine(
         name="sglang", module="sglang.launch_server",
         methods=("autoregressive", "ngram", "draft_model", "eagle", "eagle3", "mtp", "dflash", "ddtree"),

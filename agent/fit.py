@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional, Sequence
 
 from . import probe
-from .engines import flag_value
+from .engines import ENGINES, flag_value
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float8_e4m3fn": 1,
                "float8_e5m2": 1, "fp8": 1, "int8": 1}
@@ -70,7 +70,7 @@ def memory_fraction(engine: str, argv: Sequence[str], stated: Optional[Mapping[s
     """The fraction of GPU memory the engine may use: its flag in the command, else the default the host's engine
     states (`stated`: flag -> default, from its help), else the documented one."""
     flag = FRACTION_FLAGS.get(engine)
-    given = flag_value(argv, flag) if flag else None
+    given = flag_value(argv, flag, ENGINES[engine].flexible_names if engine in ENGINES else False) if flag else None
     if given is not None:
         return float(given)
     try:

@@ -143,7 +143,7 @@ def build_limits(cfg: Mapping[str, Any], features: Mapping[str, Any],
     longest = max((c["context_tokens"] + c["max_tokens"] for c in cfg.get("cells") or []), default=0)
     own = _window(target)
     set_by_hand = (cfg.get("model") or {}).get("max_model_len") or any(
-        str(a).split("=", 1)[0] in CONTEXT_FLAGS for a in cfg.get("server_args") or [])
+        flag_name(str(a), True) in CONTEXT_FLAGS for a in cfg.get("server_args") or [])
     if own is not None and not set_by_hand and longest > own:
         out.append(("model", f"its longest request ({longest} tokens: context + max_tokens) is beyond the model's "
                              f"context ({own} tokens, max_position_embeddings in its config.json; no length is set by "
@@ -187,14 +187,25 @@ def with_source_choices(choices: Mapping[str, Sequence[str]], features: Mapping[
     return out
 
 
-def unsupported(argv: Sequence[str], flags: Set[str], choices: Mapping[str, Sequence[str]]) -> List[str]:
+def flag_name(arg: str, flexible: bool = False) -> str:
+    """The flag an argument sets, its `=value` left out; `flexible`: as vLLM's parser reads names (underscores as
+    dashes, `--speculative-config.method` as a key of `--speculative-config`)."""
+    name = arg.split("=", 1)[0]
+    if flexible and name.startswith("--"):
+        name = "--" + name[2:].split(".", 1)[0].replace("_", "-")
+    return name
+
+
+def unsupported(argv: Sequence[str], flags: Set[str], choices: Mapping[str, Sequence[str]],
+                flexible: bool = False) -> List[str]:
     """The launch arguments the engine would refuse: flags its help does not know, and values outside a
-    flag's listed choices (`--speculative-algorithm DDTREE`)."""
+    flag's listed choices (`--speculative-algorithm DDTREE`); `flexible`: names read as vLLM reads them."""
     out = []
     for i, arg in enumerate(argv):
         if not arg.startswith("--"):
             continue
-        name, eq, value = arg.partition("=")
+        _, eq, value = arg.partition("=")
+        name = flag_name(arg, flexible)
         if name not in flags:
             out.append(name)
             continue

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from agent import fit, probe
+from agent.engines import ENGINES
 from agent.store import read_json
 
 
@@ -102,7 +103,8 @@ def assess(configs: list[dict[str, Any]], answer: Any, engine: str, gpu_memory_m
         elif eng.get("error"):
             check.engine_line = f"not checked: {eng['error'].splitlines()[0][:200]}"
         else:
-            check.unsupported = probe.unsupported(cfg["command"], set(eng.get("flags") or ()), eng.get("choices") or {})
+            check.unsupported = probe.unsupported(cfg["command"], set(eng.get("flags") or ()), eng.get("choices") or {},
+                                                  ENGINES[engine].flexible_names if engine in ENGINES else False)
             check.supported = not check.unsupported
             check.engine_line = (f"supported by {version}" if check.supported else
                                  f"unsupported_flag: {', '.join(check.unsupported)} not known to {version}") + source

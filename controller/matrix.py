@@ -683,11 +683,13 @@ def _override_errors(suite: dict[str, Any], engine: Any) -> list[str]:
     for where, obj in places:
         field = f"{where}.server_args" if where != PREFIX.rstrip("_") else f"{PREFIX}server_args"
         for k, arg in enumerate(obj.get("server_args") or []):
-            name = str(arg).split("=", 1)[0]
+            written = str(arg).split("=", 1)[0]
+            name = engine.flag_name(str(arg))  # as the engine's parser reads it: --tp_size, --speculative-config.x
             hit = owned.get(name) or next((why for flag, why in owned.items() if len(name) > 3
                                           and flag.startswith("--") and flag.startswith(name)), None)
             if name.startswith("-") and hit:
-                errors.append(f"{field}[{k}]: {name} is set by specfleet ({hit}); allowed: any other flag")
+                spelled = written if written == name else f"{written} (read as {name})"
+                errors.append(f"{field}[{k}]: {spelled} is set by specfleet ({hit}); allowed: any other flag")
             elif PORT in str(arg):
                 errors.append(f"{field}[{k}]: {str(arg)[:80]!r} holds {PORT}, the placeholder specfleet fills with "
                               f"the server's own port in its --port only; allowed: a literal value")
@@ -822,7 +824,7 @@ def batch_problems(suite: dict[str, Any], phase: dict[str, Any], where: str, eng
     tp, gpus, mib = phase.get("tp", 1), suite["gpu_count"], suite["gpu_memory_mib"]
     for cfg in phase["configs"]:
         args = [*suite["server_args"], *phase.get("server_args", []), *cfg.get("server_args", [])]
-        given = flag_value(args, engine.batch_flag)
+        given = flag_value(args, engine.batch_flag, engine.flexible_names)
         if given is not None:
             if not given.isdigit():
                 continue  # the engine's own argparse says what is wrong with it

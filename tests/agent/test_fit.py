@@ -66,6 +66,10 @@ def test_without_a_fraction_only_the_weights_are_judged() -> None:
     (["--mem-fraction-static", "0.8"], "sglang", 0.8),
     (["--mem-fraction-static=0.75"], "sglang", 0.75),
     (["--gpu-memory-utilization", "0.5"], "vllm", 0.5),
+    (["--gpu_memory_utilization", "0.4"], "vllm", 0.4),         # vLLM reads underscores as dashes
+    (["--gpu_memory-utilization=0.3", "--dtype", "auto"], "vllm", 0.3),
+    (["--gpu-memory-utilization", "0.5", "--gpu-memory-utilization=0.6"], "vllm", 0.6),   # the last one wins
+    (["--mem_fraction_static", "0.8"], "sglang", None),          # SGLang refuses that name (its flag check says so)
     ([], "vllm", 0.92),
     ([], "sglang", None),
 ])

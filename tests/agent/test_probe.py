@@ -197,3 +197,22 @@ def test_help_defaults_read_every_spelling_and_leave_out_none(tmp_path: Path) ->
     want = {flag: value for flags, _, value in DEFAULTS if value is not None for flag in flags}
     assert got == want
     assert probe.help_defaults("usage: x [-h]\n\noptions:\n  -h, --help  show this help\n  --port PORT\n") == {}
+
+
+@pytest.mark.parametrize("arg, flexible, name", [
+    ("--max-num-seqs", False, "--max-num-seqs"), ("--max_num_seqs=4", False, "--max_num_seqs"),
+    ("--max_num_seqs=4", True, "--max-num-seqs"), ("--speculative-config.method=ngram", True, "--speculative-config"),
+    ("--speculative_config.num_speculative_tokens", True, "--speculative-config"), ("-tp", True, "-tp"),
+])
+def test_flag_names_as_the_engines_parser_reads_them(arg: str, flexible: bool, name: str) -> None:
+    assert probe.flag_name(arg, flexible) == name
+
+
+def test_a_vllm_spelling_of_a_known_flag_is_not_unsupported() -> None:
+    flags = {"--max-num-seqs", "--speculative-config", "--dtype"}
+    choices = {"--dtype": ["auto", "bfloat16"]}
+    argv = ["/py", "-m", "m", "--max_num_seqs", "4", "--speculative-config.method=ngram", "--dtype=bfloat16"]
+    assert probe.unsupported(argv, flags, choices, flexible=True) == []
+    assert probe.unsupported(argv, flags, choices) == ["--max_num_seqs", "--speculative-config.method"]
+    wrong = probe.unsupported(["--dtype_x", "--dtype=half"], flags, choices, flexible=True)
+    assert wrong == ["--dtype-x", "--dtype half"]   # named as the engine reads them

@@ -411,6 +411,39 @@ def test_flags_specfleet_sets_are_refused_at_every_level_in_every_form(engine: s
                              f"allowed: any other flag"], (flag, args, lines)
 
 
+def _spellings(flag: str) -> list[list[str]]:
+    """Other names vLLM's parser reads as `flag`: underscores for dashes, and a dotted key of it (JSON flags)."""
+    out = [[f"{flag}.method=ngram"]]
+    if "-" in flag[2:]:
+        out += [["--" + flag[2:].replace("-", "_"), "1"], ["--" + flag[2:].replace("-", "_", 1) + "=1"]]
+    return out
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_owned_flags_in_the_spellings_the_engines_parser_reads(engine: str) -> None:
+    """vLLM reads `--tensor_parallel_size` as `--tensor-parallel-size` and `--speculative-config.method=x` as a key
+    of `--speculative-config`: refused for vLLM, naming how it is read; SGLang's parser takes names as written (its
+    own flag check refuses such a name as unknown), so they are not taken for the flags there."""
+    owned = matrix.owned_flags(matrix.ENGINES[engine])
+    for flag in [f for f in owned if f.startswith("--")]:
+        for args in _spellings(flag):
+            s = base()
+            s["engine"] = engine
+            s["phases"][0]["configs"][1] = {"method": "ngram", "num_speculative_tokens": 2, "id": "x"}
+            s["phases"][0]["sweeps"][0]["methods"] = ["x"]
+            s["phases"][0]["configs"][1]["server_args"] = ["--enable-metrics", *args]
+            written = args[0].split("=")[0]
+            if engine == "sglang":
+                if not any(o.startswith(written) for o in owned if len(written) > 3):  # not an abbreviation
+                    matrix.validate(s)
+                continue
+            with pytest.raises(matrix.MatrixError) as exc:
+                matrix.validate(s)
+            assert str(exc.value).splitlines() == [
+                f"bench_phases[0].configs[1].server_args[1]: {written} (read as {flag}) is set by specfleet "
+                f"({owned[flag]}); allowed: any other flag"], (flag, args)
+
+
 @pytest.mark.parametrize("level", list(LEVELS))
 @pytest.mark.parametrize("var", sorted(matrix.OWNED_ENV))
 def test_environment_specfleet_sets_is_refused_at_every_level(level: str, var: str) -> None:
