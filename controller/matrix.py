@@ -576,6 +576,7 @@ class Matrix:
 OWNED_FLAGS = {
     "--host": f"the bind address follows {PREFIX}bind_host",
     "--port": "the port is chosen per server",
+    "--uds": f"the server listens on {PREFIX}bind_host and its port (a socket would leave both unused)",
     "--served-model-name": f"the served name is {PREFIX}model.name",
     "--api-key": f"the key is {PREFIX}api_key (kept out of logs and records)",
 }
@@ -597,6 +598,11 @@ def owned_flags(engine: Any) -> dict[str, str]:
             **{f: f"the model path is {PREFIX}model.path" for f in (engine.model_flag, "--model", "--model-path")},
             **{f: "the tensor-parallel size is the phase's tp"
                for f in (engine.tp_flag, "--tensor-parallel-size", "--tp-size", "--tp", "-tp")},
+            # vLLM's and SGLang's spellings of the other ways to spread a server over more GPUs, or onto others
+            **{f: "a config's GPUs are its phase's tp on this host (its slot), which these would change"
+               for f in ("--pipeline-parallel-size", "--pp-size", "-pp", "--data-parallel-size",
+                         "--data-parallel-size-local", "--dp-size", "--dp", "-dp", "-dpl", "--base-gpu-id",
+                         "--gpu-id-step", "--nnodes")},
             **{f: "speculation follows the config's method and its parameters" for f in spec}}
 
 
