@@ -193,10 +193,10 @@ def measure(cfg: Mapping[str, Any], identity: Mapping[str, Any], server: Server,
 
 def _timed(cfg: Mapping[str, Any], identity: Mapping[str, Any], server: Server, ep: Endpoint,
            built: Dict[Tuple[str, int], Prompt], seed: int, out: Measured, pace: Pace) -> Measured:
+    run_id = str((getattr(server, "env", None) or {}).get(MARK, "")).split("/", 1)[0]  # the run of this server
+    seen = foreign.merge([], foreign.scan(server.owns, run_id), "timed")  # (its port probes: before the load sample)
     before = counters.read(ep.engine, ep.port, ep.host, ep.headers)
     load0 = hostload.sample(server.owns)
-    run_id = str((getattr(server, "env", None) or {}).get(MARK, "")).split("/", 1)[0]  # the run of this server
-    seen = foreign.merge([], foreign.scan(server.owns, run_id), "timed")
     origin: Optional[float] = None
     start = time.monotonic()
     for rep, i in order(cfg["cells"], seed):

@@ -3,6 +3,8 @@ from nvidia-smi's compute-apps answer: another engine by its command line, anoth
 GPU process; never this config's server or a server of this run."""
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -59,6 +61,72 @@ def test_marks_of_another_run_are_foreign_and_this_runs_own_are_not(started: lis
     found = {p["pid"]: p for p in foreign.scan(lambda pid: pid == owned, "run-a", compute_apps="")}
     assert found[other]["why"] == "specfleet" and found[other]["run"] == "run-b"
     assert mine not in found and owned not in found
+
+
+# Listeners of every kind, each a real process with a real socket: (what it serves, on which address, foreign?)
+SERVE = r"""
+import http.server, json, socket, sys, time
+kind, host = sys.argv[1], sys.argv[2]
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = {"openai": {"object": "list", "data": [{"id": "m", "object": "model"}]},
+                "other-json": {"status": "ok"}}.get(kind)
+        if kind == "error" or body is None:
+            self.send_error(404); return
+        data = json.dumps(body).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(data))); self.end_headers()
+        self.wfile.write(data)
+    def log_message(self, *a): pass
+if kind in ("silent", "banner"):
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    s = socket.socket(family); s.bind((host, 0)); s.listen(8)
+    print(s.getsockname()[1], flush=True)
+    while True:
+        c, _ = s.accept()
+        if kind == "banner":
+            c.sendall(b"SSH-2.0-OpenSSH_9.2\r\n"); c.close()
+else:
+    class S(http.server.ThreadingHTTPServer):
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    srv = S((host, 0), H)
+    print(srv.server_address[1], flush=True)
+    srv.serve_forever()
+"""
+LISTENERS = [("openai", "127.0.0.1", True), ("openai", "0.0.0.0", True), ("openai", "::1", True),
+             ("openai", "::", True), ("other-json", "127.0.0.1", False), ("error", "127.0.0.1", False),
+             ("banner", "127.0.0.1", False), ("silent", "127.0.0.1", False)]
+
+
+@pytest.mark.parametrize("kind, host, is_foreign", LISTENERS)
+def test_a_listener_is_foreign_when_it_answers_as_an_openai_style_server(
+        started: list[subprocess.Popen[bytes]], kind: str, host: str, is_foreign: bool) -> None:
+    """Whatever its command line: a process listening on a TCP port (any address, IPv4 or IPv6) that answers
+    `GET /v1/models` with a model list is an engine; an HTTP server of another kind, an error, a non-HTTP banner
+    or a listener that never answers is not (the last within the probe's deadline). This config's server and a
+    server of this run are never foreign."""
+    p = subprocess.Popen([sys.executable, "-c", SERVE, kind, host], stdout=subprocess.PIPE)
+    started.append(p)
+    assert p.stdout is not None
+    port = int(p.stdout.readline())
+    t0 = time.monotonic()
+    found = {q["pid"]: q for q in foreign.scan(lambda _: False, "run-a", compute_apps="")}
+    assert (p.pid in found) == is_foreign, found.get(p.pid)
+    if is_foreign:
+        assert found[p.pid]["why"] == "openai" and found[p.pid]["port"] == port and SERVE[:20] in found[p.pid]["cmd"]
+        assert p.pid not in {q["pid"] for q in foreign.scan(lambda pid: pid == p.pid, "run-a", compute_apps="")}
+    assert time.monotonic() - t0 < 5
+
+
+def test_a_daemon_of_another_runtime_is_never_asked(started: list[subprocess.Popen[bytes]], tmp_path: Path) -> None:
+    """Only processes of a serving runtime (Python, uvicorn, Node, ...) are asked for their models: the same
+    OpenAI-style server run as `redis-server` (a copy of the interpreter under that name) is sent nothing."""
+    daemon = tmp_path / "redis-server"
+    shutil.copy(sys.executable, daemon)
+    p = subprocess.Popen([str(daemon), "-c", SERVE, "openai", "127.0.0.1"], stdout=subprocess.PIPE,
+                         env={**os.environ, "PYTHONHOME": sys.base_prefix})
+    started.append(p)
+    assert p.stdout is not None and int(p.stdout.readline()) > 0
+    assert p.pid not in {q["pid"] for q in foreign.scan(lambda _: False, "run-a", compute_apps="")}
 
 
 def test_gpu_compute_processes_from_nvidia_smi(started: list[subprocess.Popen[bytes]]) -> None:
