@@ -34,6 +34,8 @@ class Hub(http.server.BaseHTTPRequestHandler):
     gated = False
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        if self.path == "/v1/models":  # a suite's foreign-load probe on this machine (agent.foreign), not the fit
+            return self._send(404, {"error": "not found"})
         Hub.seen.append((self.path, self.headers.get("Authorization")))
         if Hub.gated and self.headers.get("Authorization") != f"Bearer {TOKEN}":
             return self._send(401, {"error": "Access to model is restricted"})
