@@ -149,6 +149,10 @@ def run_checks(args: dict[str, Any], host: str, problems: list[str]) -> dict[str
     if not isinstance(host_dir, str) or not host_dir.startswith("/") or not host_dir.isprintable():
         problems.append(f"{PREFIX}host_dir: {_shown(host_dir)} is not an absolute path; allowed: an absolute path "
                         f"on the host without control characters, e.g. /var/lib/specfleet")
+    suite = args.get("suite") or {}
+    unit = suite.get("backend") == "systemd"
+    for name, value in (("agent_python", args.get("agent_python")), ("engine_python", suite.get("engine_python"))):
+        problems += program_problems(name, value, unit and name == "agent_python")
     for name, value in sorted((args.get("limits") or {}).items()):  # whole numbers by the role's bench_number
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             problems.append(f"{name}: {_shown(value)} is not a positive whole number of seconds; allowed: an "
@@ -301,6 +305,24 @@ def probe_request(suite: Mapping[str, Any], host_dir: str | None = None) -> dict
 
 _UNIT_PATH = re.compile(r"-?/[^\s%\x00-\x1f\x7f]*")
 _USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+
+
+_EXEC_PATH = re.compile(r"/[^\s%\x00-\x1f\x7f]*")
+
+
+def program_problems(name: str, value: Any, unit: bool) -> list[str]:
+    """A program the host runs (`bench_agent_python`, `bench_engine_python`): a path on one line without control
+    characters; where the systemd backend writes it into the unit's ExecStart (`unit`), an absolute path without
+    spaces or `%` too (a space would split it, a `%` be read as a specifier, a newline start a new unit line)."""
+    if value is None:
+        return []  # not given: the role always gives the agent's; the matrix says a missing engine_python
+    if not isinstance(value, str) or not value or not value.isprintable():
+        return [f"{PREFIX}{name}: {_shown(value)} is not a program path; allowed: a path on one line without "
+                f"control characters"]
+    if unit and not _EXEC_PATH.fullmatch(value):
+        return [f"{PREFIX}{name}: {_shown(value)} is not a path the unit's ExecStart can take ({PREFIX}backend: "
+                f"systemd); allowed: an absolute path without spaces, control characters or '%'"]
+    return []
 
 
 def service_problems(service: Mapping[str, Any] | None) -> list[str]:

@@ -376,6 +376,38 @@ def test_values_that_reach_the_unit_are_checked_before_any_host(key: str, value:
     assert res["failed"] and field in res["msg"] and asked == []
 
 
+# The programs the host runs: (which, value, backend, the message's start or None when accepted). The agent's
+# Python goes into the unit's ExecStart under the systemd backend; the engine's only into the launch's argv.
+PROGRAMS = [
+    ("agent_python", "/usr/bin/python3", "systemd", None),
+    ("agent_python", "/opt/my venv/bin/python", "process", None),          # a space: fine outside a unit
+    ("agent_python", "/opt/my venv/bin/python", "systemd", "is not a path the unit's ExecStart can take"),
+    ("agent_python", "/usr/bin/python3 %h", "systemd", "is not a path the unit's ExecStart can take"),
+    ("agent_python", "python3", "systemd", "is not a path the unit's ExecStart can take"),
+    ("agent_python", "/usr/bin/python3\nUser=root", "systemd", "is not a program path"),
+    ("agent_python", "/usr/bin/python3\tx", "process", "is not a program path"),
+    ("agent_python", "/usr/bin/py\u2028thon", "process", "is not a program path"),   # a line separator
+    ("agent_python", "", "process", "is not a program path"),
+    ("engine_python", "/opt/my venv/bin/python", "systemd", None),          # argv only: any one-line path
+    ("engine_python", "/usr/bin/python3\nx", "systemd", "is not a program path"),
+    ("engine_python", "/usr/bin/python3\rx", "process", "is not a program path"),
+]
+
+
+@pytest.mark.parametrize("name, value, backend, said", PROGRAMS)
+def test_programs_the_host_runs_are_checked_for_where_they_go(name: str, value: str, backend: str,
+                                                             said: str | None) -> None:
+    suite = small_suite(backend=backend, **({"engine_python": value} if name == "engine_python" else {}))
+    args = args_of(suite, **({"agent_python": value} if name == "agent_python" else {}))
+    asked: list[Any] = []
+    res = plan.build(args, HOST, (lambda *a: asked.append(a)) if said else None)  # refused: the host never asked
+    lines = [line for line in str(res.get("msg", "")).splitlines() if line.startswith(f"bench_{name}:")]
+    if said is None:
+        assert lines == [], res.get("msg")
+    else:
+        assert res["failed"] and len(lines) == 1 and said in lines[0] and asked == [], res.get("msg")
+
+
 # --- bench_max_plan_hours ---------------------------------------------------------------------------------------
 
 def _many_configs(n: int) -> list[dict[str, Any]]:
