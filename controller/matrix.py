@@ -530,7 +530,8 @@ def read_workloads_file(path: str | None, taken: Mapping[str, str]) -> tuple[dic
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
-        return {}, [f"{PREFIX}workloads_file: cannot read {path}: {exc.strerror or exc}; allowed: a file on the "
+        shown = path if path.isprintable() else repr(path)  # the message stays one line
+        return {}, [f"{PREFIX}workloads_file: cannot read {shown}: {exc.strerror or exc}; allowed: a file on the "
                     f"controller with {FILE_LINE}"]
     found: dict[str, Any] = {}
     first: dict[str, int] = {}
