@@ -28,10 +28,6 @@ ENGINE_LIKE = re.compile(r"vllm\.entrypoints|\bvllm serve\b|sglang\.launch_serve
                          r"lmdeploy serve|trtllm-serve")
 
 
-def _cmdline(entry: Path) -> str:
-    return (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-
-
 def _mark(entry: Path) -> Optional[str]:
     try:
         env = (entry / "environ").read_bytes().split(b"\0")
@@ -49,14 +45,16 @@ def scan(owns: Callable[[int], bool], run_id: str, proc: Path = Path("/proc"),
     (a packed neighbour, recorded as such). `compute_apps`: nvidia-smi's answer, read here when None."""
     me, ours = os.getpid(), f"{run_id}/"
     found: Dict[int, Dict[str, Any]] = {}
+    listening = listeners(proc)
     for entry in proc.glob("[0-9]*"):
         pid = int(entry.name)
         if pid == me or owns(pid):
             continue
         try:
-            cmd = _cmdline(entry)
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
+        cmd = b" ".join(argv).decode(errors="replace").strip()
         mark = _mark(entry)
         if mark is not None and mark.startswith(ours):
             continue  # a server of this run: its own config's, or a packed neighbour's
@@ -64,28 +62,11 @@ def scan(owns: Callable[[int], bool], run_id: str, proc: Path = Path("/proc"),
             found[pid] = {"pid": pid, "why": "specfleet", "cmd": cmd[:200], "run": mark.split("/", 1)[0]}
         elif cmd and ENGINE_LIKE.search(cmd):
             found[pid] = {"pid": pid, "why": "engine", "cmd": cmd[:200]}
-    listening = listeners(proc)
-    for entry in proc.glob("[0-9]*"):
-        pid = int(entry.name)
-        if pid in found or pid == me or owns(pid) or not listening:
-            continue
-        try:
-            argv0 = (entry / "cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
-        except OSError:
-            continue
-        if not PROBED.match(os.path.basename(argv0)):
-            continue
-        ports = sorted({listening[i] for i in _socket_inodes(entry) if i in listening})
-        mark = _mark(entry) if ports else None
-        if mark is not None and mark.startswith(ours):
-            continue
-        served = next((addr for addr in ports if openai_style(*addr)), None)
-        if served:
-            try:
-                cmd = _cmdline(entry)
-            except OSError:
-                continue
-            found[pid] = {"pid": pid, "why": "openai", "cmd": cmd[:200], "port": served[1]}
+        elif listening and PROBED.match(os.path.basename(argv[0].decode(errors="replace"))):
+            ports = sorted({listening[i] for i in _socket_inodes(entry) if i in listening})
+            served = next((addr for addr in ports if openai_style(*addr)), None)
+            if served:
+                found[pid] = {"pid": pid, "why": "openai", "cmd": cmd[:200], "port": served[1]}
     answer = gpu.compute_apps() if compute_apps is None else compute_apps
     for line in (answer or "").splitlines():
         parts = [p.strip() for p in line.split(",")]
