@@ -9,12 +9,12 @@ PIP_ARGS ?=
 # Byte-compiles a virtualenv's packages with one worker per core (run by the virtualenv's own Python).
 COMPILE := 'import compileall, sysconfig; compileall.compile_dir(sysconfig.get_path("purelib"), quiet=2, workers=0)'
 
-.PHONY: demo test test-deps test-fast lint venv engine models wheelhouse host-deps rootfs testhosts testhosts-down clean
+.PHONY: demo test test-deps test-fast lint pyc venv engine models wheelhouse host-deps rootfs testhosts testhosts-down clean
 
 # The demo names its run (RUN_ID=... to choose), so that `where` shows this run even when another one ends first.
 DEMO_RUN_ID := $(or $(RUN_ID),$(shell date -u +%Y%m%dT%H%M%SZ))
 
-demo: venv engine models
+demo: pyc engine models
 	$(BIN)/ansible-playbook bench.yml -l local -e run_id=$(DEMO_RUN_ID)
 	@$(BIN)/specfleet where results/$(DEMO_RUN_ID)
 
@@ -22,15 +22,21 @@ demo: venv engine models
 # hosts' rootfs do not depend on each other), and the lint runs beside the engine's install (it needs only .venv). Two workers; tests that
 # share a resource stay together (tests/conftest.py says which). Ends with the time per folder and the 15 slowest
 # tests.
-test: test-deps
+test: test-deps pyc
 	$(BIN)/python -m pytest -n 2 -rfEs --durations=15 tests
 
 test-deps:
 	$(MAKE) -j 4 host-deps venv engine models wheelhouse rootfs lint
 
 # What is not slow (no engine, no test hosts, no role runs): a minute or two.
-test-fast: venv
+test-fast: pyc
 	$(BIN)/python -m pytest -m "not slow" -rfEs tests
+
+# The project's own modules compiled beside their sources. Where PYTHONDONTWRITEBYTECODE is set nothing is cached,
+# and every process compiles what it imports: each Ansible task runs in a worker process of its own, and the
+# project's plugins import the controller's modules there. A source edited later is compiled again, as usual.
+pyc: venv
+	$(BIN)/python -m compileall -q -j 0 agent controller collector plugins tests tools benchmarks
 
 lint: venv
 	$(BIN)/yamllint -s .

@@ -12,23 +12,30 @@ unchanged, for the validator to judge (a typo fails instead of meaning false).
 """
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any, Callable
 
 from ansible.errors import AnsibleError
 
-try:
-    from agent import secrets
-    from controller import matrix
-except ImportError as exc:  # ansible-playbook from another Python than the project's
-    raise AnsibleError(f"specfleet's controller package is not importable ({exc}): run `make venv` and "
-                       f"`. .venv/bin/activate` in the project") from exc
+
+def _project() -> tuple[ModuleType, ModuleType]:
+    """agent.secrets and controller.matrix, imported when a filter is first used: Ansible loads every filter plugin
+    in every task's worker process, and most tasks never call these (the matrix is a large module)."""
+    try:
+        from agent import secrets
+        from controller import matrix
+    except ImportError as exc:  # ansible-playbook from another Python than the project's
+        raise AnsibleError(f"specfleet's controller package is not importable ({exc}): run `make venv` and "
+                           f"`. .venv/bin/activate` in the project") from exc
+    return secrets, matrix
 
 
 def bench_secrets(suite: dict[str, Any]) -> dict[str, str]:
-    return secrets.split(suite)[1]
+    return _project()[0].split(suite)[1]
 
 
 def bench_defaults(value: Any, key: str) -> dict[str, Any]:
+    secrets, matrix = _project()
     return {**matrix.DEFAULTS[key], **secrets.plain(value or {})}
 
 
