@@ -104,7 +104,7 @@ REQUEST = (
 STATUS = (
     _f("config_id", "string", "the config's folder name"),
     _f("status", "string", "ok, failed or skipped"),
-    _f("reason", "string|null", "the classified failure reason (README: Failure reasons), null when ok"),
+    _f("reason", "string|null", "the classified failure reason (docs/how-a-run-goes.md: Failure reasons), null when ok"),
     _f("detail", "string|null", "the failure in words, secrets removed"),
     _f("config_digest", "string", "what the config measures; a kept result must match it"),
     _f("log_tail", "string", "the end of server.log, secrets removed"),

@@ -1,7 +1,9 @@
-"""README.md's commands, as a user types them: parsed from its `sh` blocks and run unchanged.
+"""The commands of README.md and of the docs/ pages it links, as a user types them: parsed from their `sh` blocks
+and run unchanged.
 
-A command runs in the repository root through bash, after every `. <file>` line that comes before it in
-the README (the virtualenv's activation), with the shipped inventory, host_vars and group_vars. The only
+The pages are read as one text: the README, then each page in the order the README first links it. A command runs
+in the repository root through bash, after every `. <file>` line that comes before it there (the README's
+virtualenv activation), with the shipped inventory, host_vars and group_vars. The only
 thing a test fills in is what the README leaves to the reader: `<id>` and `<old-id>` (run ids the test made) and
 one of the alternatives `md|csv|json`; `[<id>]` is run with and without the id.
 """
@@ -17,10 +19,21 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 
 
+def pages() -> list[Path]:
+    """README.md, then each docs/ page in the order the README first links it."""
+    linked = re.findall(r"\]\((docs/[\w.-]+\.md)(?:#[\w-]*)?\)", README.read_text())
+    return [README, *(ROOT / name for name in dict.fromkeys(linked))]
+
+
+def text() -> str:
+    """The README and its docs/ pages as one text (for a test that checks what they say)."""
+    return "\n".join(page.read_text() for page in pages())
+
+
 def readme_lines() -> list[str]:
-    """Every command line of the README's `sh` blocks, comments and continuation comments removed, in order."""
+    """Every command line of the pages' `sh` blocks, comments and continuation comments removed, in order."""
     out: list[str] = []
-    for block in re.findall(r"^```sh\n(.*?)^```", README.read_text(), re.M | re.S):
+    for block in re.findall(r"^```sh\n(.*?)^```", text(), re.M | re.S):
         for raw in block.splitlines():
             line = raw.split(" #", 1)[0].strip() if not raw.lstrip().startswith("#") else ""
             if line:
@@ -29,7 +42,7 @@ def readme_lines() -> list[str]:
 
 
 def commands() -> list[str]:
-    """The README's commands (a command that appears twice is one command), sourcing lines included."""
+    """The commands of the README and its pages (one that appears twice is one command), sourcing lines included."""
     seen: list[str] = []
     for line in readme_lines():
         if line not in seen:
@@ -70,7 +83,7 @@ def typed_start(command: str) -> subprocess.Popen[str]:
 
 def _shell(command: str, run_id: str | None, fmt: str | None, old_run_id: str | None) -> tuple[str, dict[str, str]]:
     """The bash script of a README command as typed, and the environment of a new shell."""
-    assert command in commands(), f"not a README command: {command}"
+    assert command in commands(), f"not a command of the README or its pages: {command}"
     line = command
     if "<old-id>" in line:
         assert old_run_id, f"{command} needs an earlier run id"

@@ -1,4 +1,5 @@
-"""README.md stays true: every command in it is run as typed by a named test, and its lists match the code."""
+"""README.md and its docs/ pages stay true: every command in them is run as typed by a named test, every page is
+linked and every link leads somewhere, and their lists match the code."""
 from __future__ import annotations
 
 import ast
@@ -6,9 +7,9 @@ import re
 from pathlib import Path
 
 from agent.classify import Reason
-from tests.readme import README, ROOT, commands
+from tests.readme import README, ROOT, commands, pages, text
 
-# Each README command -> the tests that run it exactly as typed (tests/readme.py `typed`).
+# Each command of the README and its pages -> the tests that run it exactly as typed (tests/readme.py `typed`).
 COVERED: dict[str, list[str]] = {
     "make demo": ["tests/playbooks/test_readme_local.py::demo"],
     "make test": [".ci/run"],  # CI's whole run; it cannot run inside itself
@@ -37,8 +38,6 @@ COVERED: dict[str, list[str]] = {
        for cmd in ("ansible-playbook bench.yml -l ct200", "ansible-playbook bench.yml -l ct200 -e run_id=<id>",
                    "ansible-playbook bench.yml -l ct200 -e run_id=<id> -e force=true",
                    "ansible-playbook bench.yml -l ct200 -e skip_unsupported=true")},
-    "ansible-playbook bench.yml -l ct200 -e plan=true -e bench_pack=true": [
-        "tests/playbooks/test_readme_local.py::test_plan_for_ct200_packed"],
     # as typed, ct200 is out of reach; the playbooks run for real on test hosts in test_provision_hosts.py
     "ansible-playbook playbooks/provision.yml -l ct200": [
         "tests/playbooks/test_readme_local.py::test_provisioning_unreachable_ct200_stops_at_once",
@@ -46,6 +45,8 @@ COVERED: dict[str, list[str]] = {
     "ansible-playbook playbooks/recover.yml -l ct200": [
         "tests/playbooks/test_readme_local.py::test_provisioning_unreachable_ct200_stops_at_once",
         "tests/playbooks/test_provision_hosts.py::test_recover_after_a_reboot_of_the_proxmox_host"],
+    "ansible-playbook bench.yml -l ct200 -e plan=true -e bench_pack=true": [
+        "tests/playbooks/test_readme_local.py::test_plan_for_ct200_packed"],
     "make testhosts": ["tests/playbooks/conftest.py::testhosts"],
     "ansible-playbook playbooks/engine.yml -l testhosts": ["tests/playbooks/conftest.py::testhosts"],
     "ansible-playbook bench.yml -l testhosts": ["tests/playbooks/test_testhosts_suite.py::two_host_run"],
@@ -79,6 +80,19 @@ def test_ci_runs_the_readme_test_command() -> None:
 
 
 def test_readme_lists_every_failure_reason() -> None:
-    text = README.read_text()
-    paragraph = text[text.index("Failure reasons"):].split("Each status", 1)[0]
+    paragraph = text()[text().index("Failure reasons"):].split("Each status", 1)[0]
     assert re.findall(r"`([a-z_]+)`", paragraph) == [r.value for r in Reason]
+
+
+def test_every_page_is_linked_and_every_link_leads_somewhere() -> None:
+    """Each docs/ page is linked from the README; each relative link of the pages names a file that exists and, with
+    an anchor, a heading of that file (as GitHub makes anchors: lower case, punctuation dropped, spaces as -)."""
+    assert set(pages()[1:]) == set((ROOT / "docs").glob("*.md"))
+    for page in pages():
+        for target, anchor in re.findall(r"\]\(([^)#:\s]*)(?:#([^)\s]+))?\)", page.read_text()):
+            path = (page.parent / target).resolve() if target else page
+            assert path.exists(), (page.name, target)
+            if anchor:
+                headings = re.findall(r"^#+ (.+)$", path.read_text(), re.M)
+                slugs = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+                assert anchor in slugs, (page.name, target, anchor)

@@ -1,4 +1,4 @@
-"""The README's commands for this machine and for ct200, as typed, on the shipped inventory.
+"""The commands of the README and its docs/ pages for this machine and for ct200, as typed, on the shipped inventory.
 
 `make demo` runs first, exactly as a new user runs it; the commands after it work on the run it made.
 Nothing is added to a command (no extra vars, no paths): the runs write where a user's do (`results/`,
@@ -357,7 +357,7 @@ def test_plan_for_ct200_selected_configs_and_sweeps() -> None:
 
 
 def test_plan_for_ct200_packed() -> None:
-    """The README's figures: the tp1 phase 6.0x shorter packed, tp4 1.9x, tp8 one at a time; the other configs
+    """docs/gpu-hosts.md's figures: the tp1 phase 6.0x shorter packed, tp4 1.9x, tp8 one at a time; the other configs
     start beside the baseline."""
     res = typed("ansible-playbook bench.yml -l ct200 -e plan=true -e bench_pack=true", timeout=120)
     assert res.returncode == 0, res.stdout[-3000:]
