@@ -22,7 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 ROLE_RUNS = {"test_container_roles_render.py", "test_gpu_smoke_check_mode.py", "test_lxc_passthrough.py",
-             "test_pve_passthrough.py"}
+             "test_pve_passthrough.py", "test_playbook_tags.py"}
 TESTHOSTS = {"test_testhosts_suite.py", "test_provision_hosts.py", "test_testhosts.py", "test_device_allow.py",
              "test_ct200_testhosts.py"}
 

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from agent.classify import Reason
-from tests.readme import README, ROOT, commands, pages, text
+from tests.readme import ROOT, commands, pages, text
 
 # Each command of the README and its pages -> the tests that run it exactly as typed (tests/readme.py `typed`).
 COVERED: dict[str, list[str]] = {
@@ -47,6 +47,10 @@ COVERED: dict[str, list[str]] = {
         "tests/playbooks/test_provision_hosts.py::test_recover_after_a_reboot_of_the_proxmox_host"],
     "ansible-playbook bench.yml -l ct200 -e plan=true -e bench_pack=true": [
         "tests/playbooks/test_readme_local.py::test_plan_for_ct200_packed"],
+    "ansible-playbook playbooks/provision.yml -l ct200 --list-tags": [
+        "tests/roles/test_playbook_tags.py::test_list_tags_as_typed_lists_every_phase_of_provisioning"],
+    "ansible-playbook playbooks/provision.yml -l ct200 --tags sglang_patches": [
+        "tests/roles/test_playbook_tags.py::test_one_phase_as_typed_on_unreachable_ct200_stops_at_once"],
     "make testhosts": ["tests/playbooks/conftest.py::testhosts"],
     "ansible-playbook playbooks/engine.yml -l testhosts": ["tests/playbooks/conftest.py::testhosts"],
     "ansible-playbook bench.yml -l testhosts": ["tests/playbooks/test_testhosts_suite.py::two_host_run"],
