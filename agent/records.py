@@ -4,9 +4,11 @@ and the JSON Schemas under `schemas/` are generated from it (`python -m agent sc
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 SCHEMA_VERSION = 1
@@ -104,7 +106,7 @@ REQUEST = (
 STATUS = (
     _f("config_id", "string", "the config's folder name"),
     _f("status", "string", "ok, failed or skipped"),
-    _f("reason", "string|null", "the classified failure reason (docs/how-a-run-goes.md: Failure reasons), null when ok"),
+    _f("reason", "string|null", "the classified failure reason (docs/how-a-run-goes.md), null when ok"),
     _f("detail", "string|null", "the failure in words, secrets removed"),
     _f("config_digest", "string", "what the config measures; a kept result must match it"),
     _f("log_tail", "string", "the end of server.log, secrets removed"),
@@ -253,6 +255,44 @@ def request_problem(row: Any, config_id: str) -> str | None:
     if row["config_id"] != config_id:
         return f"config_id {row['config_id']!r} is not its folder's ({config_id!r})"
     return None
+
+
+# The plain reader of requests.jsonl, a line at a time (the controller's estimates; the collector's last word)
+
+def plain_line(path: Path, n: int, line: str, problems: list[str]) -> dict[str, Any] | None:
+    """Line `n` of a requests.jsonl read the plain way: the row, or None (blank, or reported and skipped)."""
+    if not line.strip():
+        return None
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        problems.append(f"{path}:{n}: malformed JSON ({exc.msg}, column {exc.colno}); line skipped")
+        return None
+    why = request_problem(row, path.parent.name)
+    if why:
+        problems.append(f"{path}:{n}: {why}; line skipped")
+        return None
+    return row
+
+
+def _text(data: bytes) -> str:
+    """A file's text as `Path.read_text(errors="replace")` gives it: UTF-8, universal newlines."""
+    return data.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n")
+
+
+def plain_rows(path: Path, data: bytes, problems: list[str]) -> list[dict[str, Any]]:
+    rows = (plain_line(path, n, line, problems) for n, line in enumerate(_text(data).splitlines(), 1))
+    return [r for r in rows if r is not None]
+
+
+def read_requests(path: Path, problems: list[str]) -> list[dict[str, Any]]:
+    """The valid request lines of a requests.jsonl; every other line is reported as `path:line` and skipped."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        problems.append(f"{path}: unreadable ({exc.strerror or exc}); its requests skipped")
+        return []
+    return plain_rows(path, data, problems)
 
 
 def request_row(identity: Mapping[str, Any], cell: Mapping[str, Any], rep: int,

@@ -3,7 +3,8 @@ with its file (and line) and skipped, never fatal.
 
 A config's requests.jsonl is kept as what the report reads of it, summed up cell by cell (`CellRows`), not as its
 lines. Its lines are read one of two ways, which keep the same lines and say the same of the others:
-- plain: `json.loads` and `records.request_problem`, a line at a time (`read_requests`);
+- plain: `json.loads` and `records.request_problem`, a line at a time (`agent.records.read_requests`, the
+  stdlib reader the controller uses too);
 - fast, with msgspec installed: the file a piece at a time, each line decoded and type-checked against
   `records.REQUEST` (config_id: the folder's) in C. A line msgspec refuses is read again the plain way, which
   decides what it is and what is said of it. A file holding a line that only the plain check refuses (an ok
@@ -25,6 +26,9 @@ from typing import Any, Callable, Iterator, Literal, Optional, Union
 import numpy as np
 
 from agent import records
+from agent.records import plain_line as _plain_line
+from agent.records import plain_rows as _plain_rows
+from agent.records import read_requests
 
 from .stats import mean_std
 
@@ -119,46 +123,6 @@ class Run:
     configs: list[ConfigResult] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)  # the report's, worked out once
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The plain reader: one line at a time
-# ---------------------------------------------------------------------------------------------------------------
-
-def _plain_line(path: Path, n: int, line: str, problems: list[str]) -> Optional[dict[str, Any]]:
-    """Line `n` of a requests.jsonl read the plain way: the row, or None (blank, or reported and skipped)."""
-    if not line.strip():
-        return None
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as exc:
-        problems.append(f"{path}:{n}: malformed JSON ({exc.msg}, column {exc.colno}); line skipped")
-        return None
-    why = records.request_problem(row, path.parent.name)
-    if why:
-        problems.append(f"{path}:{n}: {why}; line skipped")
-        return None
-    return row
-
-
-def _text(data: bytes) -> str:
-    """A file's text as `Path.read_text(errors="replace")` gives it: UTF-8, universal newlines."""
-    return data.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n")
-
-
-def _plain_rows(path: Path, data: bytes, problems: list[str]) -> list[dict[str, Any]]:
-    rows = (_plain_line(path, n, line, problems) for n, line in enumerate(_text(data).splitlines(), 1))
-    return [r for r in rows if r is not None]
-
-
-def read_requests(path: Path, problems: list[str]) -> list[dict[str, Any]]:
-    """The valid request lines of a requests.jsonl; every other line is reported as `path:line` and skipped."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        problems.append(f"{path}: unreadable ({exc.strerror or exc}); its requests skipped")
-        return []
-    return _plain_rows(path, data, problems)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
+from agent.records import read_requests
 from agent.store import read_json
-from collector.load import read_requests
 
 
 @dataclass(frozen=True)

@@ -52,3 +52,10 @@ def test_the_plugins_are_glue() -> None:
         text = path.read_text()
         assert len(text.splitlines()) <= 80, (path, len(text.splitlines()))
         assert imports(path) & {"controller", "agent"}, path
+
+
+def test_the_controller_does_not_reach_the_collector() -> None:
+    """Planning reads earlier results through the records' own stdlib reader (agent.records), not the report's
+    package (which brings pandas and numpy into every plan)."""
+    for path in sorted((ROOT / "controller").glob("*.py")):
+        assert not imports(path) & {"collector", "pandas", "numpy", "matplotlib"}, path.name
