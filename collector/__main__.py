@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.records import SCHEMA_VERSION
-from agent.store import now_iso, read_json, write_atomic, write_json
+from agent.store import now_iso, read_json, write_json
 
 from . import HTML_FILE, PACK_FILE, PLOTS_DIR, VS_FILE
 from .verdict import FAIL_ON
@@ -100,57 +100,17 @@ def _load(root: Path) -> Any:
     return run
 
 
-def _plots(run: Any, df: Any, out: Path) -> list[Path]:
-    """Write the run's plots into `out` (the ones an earlier report wrote there and this one does not go)."""
-    from . import plots
-
-    return plots.write(run, df, out)
-
-
 def report(args: argparse.Namespace) -> int:
     root = _run_dir(args.run_dir)
     if root is None:
         return 2
     run = _load(root)
-    from .report import render
+    from .report import render, write
 
-    written = _write(root, run) if args.write else {"html": _page(root, run)} if args.format == "html" else {}
-    shown = written.get(args.format) if not args.wide else None
-    sys.stdout.write(shown if shown is not None else render(run, args.format, wide=args.wide))
+    written = write(root, run) if args.write else {}
+    shown = written.get(args.format) if not args.wide or args.format == "html" else None
+    sys.stdout.write(shown if shown is not None else render(run, args.format, wide=args.wide, folder=root))
     return 0
-
-
-def _page(root: Path, run: Any, plots: bool = True) -> str:
-    """report.html's text, the plots written into the run folder (`plots` false: none, and an earlier report's
-    plots removed: they would not match this one)."""
-    from . import html
-    from .report import table
-
-    df = table(run)
-    if plots:
-        return html.render(run, df, _plots(run, df, root / PLOTS_DIR))
-    for stale in (root / PLOTS_DIR).glob("*.*") if (root / PLOTS_DIR).is_dir() else []:
-        if stale.suffix in (".png", ".svg"):
-            stale.unlink()
-    return html.render(run, df, [])
-
-
-def _write(root: Path, run: Any, plots: bool = True) -> dict[str, str]:
-    """Write every report file and the plots (unless `plots` is false) into the run folder; the text of each
-    report file by format."""
-    from .report import ddtree_vs_dflash_csv, pack_check_csv, render
-
-    texts = {fmt: render(run, fmt) for fmt in ("md", "csv", "json")}
-    texts["html"] = _page(root, run, plots)
-    for fmt, text in texts.items():
-        write_atomic(root / (HTML_FILE if fmt == "html" else f"report.{fmt}"), text.encode())
-    # no DDTree and DFlash in one group, no pack check (any more): no file, not an empty one
-    for name, text in ((VS_FILE, ddtree_vs_dflash_csv(run)), (PACK_FILE, pack_check_csv(run))):
-        if text is None:
-            (root / name).unlink(missing_ok=True)
-        else:
-            write_atomic(root / name, text.encode())
-    return texts
 
 
 def finish(args: argparse.Namespace) -> int:
@@ -159,9 +119,10 @@ def finish(args: argparse.Namespace) -> int:
     root = Path(args.run_dir)
     _stamp(root, "finish", args.suite, args.hosts)
     run = _load(root)
+    from .report import write
     from .verdict import judge
 
-    report_md = _write(root, run, plots=not args.no_plots)["md"]
+    report_md = write(root, run, plots=not args.no_plots)["md"]
     result = judge(run, args.hosts, args.fail_on)
     sys.stdout.write(report_md)
     print("\n" + json.dumps({"ok": result.ok, "lines": result.lines}))
@@ -173,9 +134,10 @@ def plot(args: argparse.Namespace) -> int:
     if root is None:
         return 2
     run = _load(root)
-    from .report import table
+    from .outputs import plots
+    from .tables import table
 
-    written = _plots(run, table(run), Path(args.out) if args.out else root / PLOTS_DIR)
+    written = plots.write(run, table(run), Path(args.out) if args.out else root / PLOTS_DIR)
     print("\n".join(str(p) for p in written) if written else "no plot: the run has no data to draw")
     return 0
 

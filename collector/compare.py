@@ -14,8 +14,10 @@ from agent import records
 from .environment import differences
 from .load import Run, Summary, load_run
 from .mdtable import pipe_rows
-from .report import _cell_text, _na, _ratio, _ratio_text, _records, _significant, _tok_text, table
+from .outputs.markdown import _cell_text, _ratio_text, _tok_text
+from .tables import _ratio, _records, _significant, table
 from .views import budget_key, cell_text, fit_rows, outcomes, wrap
+from .views import na as _na
 
 KEY = ("host", "config_id", *records.CELL)  # a cell of one run matches the cell of the other with the same key
 # A cell's verdict, as the JSON gives it; the text says it in words (Comparison.words).

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from collector.load import load_run
-from collector.report import bursts, render, table
+from collector.report import render
+from collector.tables import bursts, table
 from tests.collector.test_collector import FIB, MAX_TOKENS, cell, make_config, make_run, row
 
 

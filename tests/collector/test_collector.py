@@ -21,7 +21,8 @@ from scipy import stats
 
 from collector.__main__ import main as collector_main
 from collector.load import load_run
-from collector.report import render, table
+from collector.report import render
+from collector.tables import table
 
 REPO = Path(__file__).resolve().parents[2]
 

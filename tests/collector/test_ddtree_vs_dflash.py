@@ -18,13 +18,15 @@ import pytest
 
 from agent import records
 from agent.classify import Reason
-from agent.config import Host, Result, fresh_folder, record
+from agent.config_run import Host, Result, fresh_folder, record
 from agent.engines import ENGINES
 from agent.records import Outcome
 from agent.store import HostStore, write_json
+from collector import VS_FILE
 from collector.__main__ import main as collector_main
 from collector.load import load_run
-from collector.report import VS_FILE, ddtree_vs_dflash, render, scheduling
+from collector.report import render
+from collector.tables import ddtree_vs_dflash, scheduling
 from controller import matrix
 from tests.controller.test_matrix import suite_from_host_vars
 
@@ -288,7 +290,7 @@ def test_ct200_profile_pairs_ddtree_with_its_non_overlap_dflash(tmp_path: Path) 
 
 def test_time_per_config_shows_where_startup_went_where_a_log_told(tmp_path: Path) -> None:
     """status.json `startup` (agent.startup, from each server's log) becomes the columns of the phases found."""
-    from collector.report import timing
+    from collector.tables import timing
     run_dir = write_run(tmp_path, ddtree=[])
     assert [c for c in timing(load_run(run_dir)).columns if c.endswith("_s")] == [
         "ready_s", "wall_s", "timed_s", "overhead_s"]  # no log told: no startup columns

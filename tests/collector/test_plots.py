@@ -1,7 +1,7 @@
 """The report's plots, drawn from a run written the way the agent writes one: configs expanded by
 `matrix.expand` (two tp phases, the baseline, DFlash on both scheduling paths, DDTree at budgets 8/12/16/32/64,
 a context sweep, a concurrency sweep in tp1 only), records through the agent's own `record`, run.json from
-`collector stamp`. Every number a test expects is the collector's own (report.table)."""
+`collector stamp`. Every number a test expects is the collector's own (tables.table)."""
 from __future__ import annotations
 
 import json
@@ -18,14 +18,14 @@ from PIL import Image
 
 from agent import records
 from agent.classify import Reason
-from agent.config import Host, Result, fresh_folder, record
+from agent.config_run import Host, Result, fresh_folder, record
 from agent.engines import ENGINES
 from agent.records import Outcome
 from agent.store import HostStore, write_json
 from collector.__main__ import main as collector_main
 from collector.load import Run, load_run
-from collector.plots import figures, write
-from collector.report import table
+from collector.outputs.plots import figures, write
+from collector.tables import table
 from controller import matrix
 
 pytestmark = pytest.mark.slow  # matplotlib at scale: `make test` runs it, `make test-fast` does not

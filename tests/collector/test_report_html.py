@@ -17,10 +17,11 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
-from collector.html import render as render_html
 from collector.load import Run, load_run
-from collector.plots import write as write_plots
-from collector.report import render, table
+from collector.outputs.html import render as render_html
+from collector.outputs.plots import write as write_plots
+from collector.report import render
+from collector.tables import table
 from tests.collector.test_plots import FAILED, write_run
 
 CHROMIUM = shutil.which("chromium")

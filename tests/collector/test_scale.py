@@ -18,8 +18,10 @@ from scipy import stats
 import collector.load as load
 from collector.load import load_run
 from collector.mdtable import pipe_rows, pipe_table
-from collector.report import bursts, dumps_indented, pack_check, render, table
+from collector.outputs.json import dumps_indented
+from collector.report import render
 from collector.stats import mean_std, t_quantile
+from collector.tables import bursts, pack_check, table
 from tests.collector.test_bad_results import BASE, NGRAM, write_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -171,7 +173,7 @@ def test_cell_figures_by_column_equal_the_reports_own(tmp_path: Path) -> None:
     """Random rows (reps interleaved across cells, failed requests, rows without send times, a burst whose span
     is zero, accept lengths and TPOT on some rows only): every cell's n, mean and std of tok/s, mean accept
     length, TTFT and TPOT, and the bursts' mean and std, exactly as worked out from the lines themselves with
-    report.bursts and stats.mean_std."""
+    tables.bursts and stats.mean_std."""
     rng = random.Random(7)
     cells = [("fib", 64, 0, 1), ("fib", 64, 0, 4), ("json", 128, 512, 2)]
     rows = []

@@ -15,7 +15,7 @@ import pytest
 
 from agent import fingerprint, records
 from agent.classify import Reason
-from agent.config import Host, Result, fresh_folder, record
+from agent.config_run import Host, Result, fresh_folder, record
 from agent.engines import ENGINES
 from agent.pack import PACK_SUFFIX
 from agent.records import Outcome
@@ -23,7 +23,8 @@ from agent.store import HostStore, write_json
 from collector.__main__ import main as collector_main
 from collector.environment import environment
 from collector.load import load_run
-from collector.report import COLUMNS, render, table
+from collector.report import render
+from collector.tables import COLUMNS, table
 from collector.views import AR, budget_key, by_workload, fit_rows, method_label, outcomes, wrap
 from controller import matrix
 

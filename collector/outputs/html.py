@@ -11,10 +11,10 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from .environment import environment
-from .load import ConfigResult, Run
-from .views import KEYS, by_workload, outcomes
-from .views import na as _na
+from ..environment import environment
+from ..load import ConfigResult, Run
+from ..views import KEYS, by_workload, outcomes
+from ..views import na as _na
 
 LOG_LINES = 40  # the end of a failed config's server.log shown
 LOG_BYTES = 64 << 10  # read from the end of server.log for those lines (the whole log may be large)
@@ -189,7 +189,7 @@ def _problems(problems: list[str]) -> list[str]:
 
 
 def render(run: Run, df: pd.DataFrame, plots: list[Path]) -> str:
-    """The page: `df` is report.table(run), `plots` the files plots.write wrote (their PNGs are embedded)."""
+    """The page: `df` is tables.table(run), `plots` the files plots.write wrote (their PNGs are embedded)."""
     name = f"specfleet run {run.meta.get('run_id', run.root.name)}"
     body = [*_header(run), *_by_workload(run, df),
             '<h2 id="full">Full table</h2>', "<p>Click a column's header to sort by it; again to reverse.</p>",

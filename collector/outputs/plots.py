@@ -1,4 +1,4 @@
-"""The report's plots, drawn without a display (matplotlib's Agg) from the speedup table (report.table) and, for
+"""The report's plots, drawn without a display (matplotlib's Agg) from the speedup table (tables.table) and, for
 the latency distributions, the request lines: one PNG and one SVG per figure, per host and tp.
 
 A failed or skipped config (or a value that cannot be had, such as a speedup without its baseline) is drawn as
@@ -23,9 +23,9 @@ from matplotlib.figure import Figure
 from agent import records
 from agent.store import write_atomic
 
-from .load import Run
-from .report import DDTREE, DFLASH, scheduling
-from .views import budget, budget_key, method_label
+from ..load import Run
+from ..tables import DDTREE, DFLASH, scheduling
+from ..views import budget, budget_key, method_label
 
 FORMATS = ("png", "svg")
 GAP_Y = 0.04  # where a gap's marker sits, in axes coordinates: at the foot of the axes, never at a value

@@ -1,0 +1,303 @@
+"""report.md and the terminal's report: within WIDTH columns (`wide`: every table whole, and the full table too),
+the hosts' environment, the hand-run style lines, per host and tp a row per cell with a column per method, then the
+checks that did not pass, the pack check, the spread across hosts, DDTree against DFlash and the time per config."""
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from agent import records
+
+from ..environment import environment
+from ..load import Run
+from ..mdtable import pipe_rows, pipe_table
+from ..tables import (
+    CELL,
+    NO_OVERLAP_FLAG,
+    STARTUP_PHASES,
+    _order,
+    _records,
+    by_budget,
+    cross_host,
+    ddtree_vs_dflash,
+    pack_check,
+    timing,
+)
+from ..views import AR, KEYS, WIDTH, by_workload, fit_rows, outcomes, wrap
+from ..views import na as _na
+
+
+def _cell_text(k: dict[str, Any]) -> str:
+    """`fib, 128 tok, ctx 512, c4`: a cell in words."""
+    cell = [f"{k['workload'] if isinstance(k['workload'], str) else '(unknown cell)'}"]
+    if not _na(k["max_tokens"]):
+        cell.append(f"{k['max_tokens']} tok")
+    if not _na(k["context_tokens"]) and k["context_tokens"]:
+        cell.append(f"ctx {k['context_tokens']}")
+    if not _na(k["concurrency"]) and k["concurrency"] != 1:
+        cell.append(f"c{k['concurrency']}")
+    return ", ".join(cell)
+
+
+def _text(text: str, wide: bool, indent: str = "") -> list[str]:
+    """A paragraph or list item: one line when wide, else wrapped to WIDTH (views.wrap)."""
+    return [text] if wide else wrap(text, WIDTH, indent)
+
+
+def _table(rows: list[dict[str, str]], keys: list[str], wide: bool) -> list[str]:
+    """A pipe table of the rows: whole when wide, else split by columns to fit WIDTH, `keys` in every part."""
+    return pipe_rows(rows).splitlines() if wide else fit_rows(rows, keys, WIDTH)
+
+
+def pack_markdown(checked: pd.DataFrame, wide: bool = True) -> list[str]:
+    """The pack checks in markdown: what each one measured beside, then one row per cell; nothing at all when the
+    run has none. Not `wide`: fits WIDTH columns."""
+    if checked.empty:
+        return []
+    md = ["## Baseline alone vs packed", "",
+          *_text("Each packed phase's baseline is measured alone, then again (the pack check) while the phase's other "
+                 "configs run beside it on the other slots. Per cell: its tok/s alone and packed (mean ± sample std, "
+                 "n) and packed ÷ alone with its 95% interval (as for the speedup). Below 1, running beside the others "
+                 "slowed the baseline; the table's speedups are against the baseline measured alone.", wide), ""]
+    records_ = _records(checked)
+    for r in {(r["host"], r["pack_check_config_id"]): r for r in records_}.values():
+        near = r["beside"] or "no other config was in its timed requests at the same time"
+        md += _text(f"- {r['host']} `{r['pack_check_config_id']}` (`{r['baseline_config_id']}` measured again), "
+                    f"measuring beside: {near}", wide)
+    rows = []
+    for r in records_:
+        rows.append({"host": str(r["host"]), "tp": "" if _na(r["tp"]) else str(r["tp"]), "cell": _cell_text(r),
+                     "baseline": str(r["baseline_config_id"]),
+                     "alone tok/s": _tok_text(r["alone_tok_s_mean"], r["alone_tok_s_std"], r["alone_n"])
+                     or str(r["alone_status"]),
+                     "packed tok/s": _tok_text(r["packed_tok_s_mean"], r["packed_tok_s_std"], r["packed_n"])
+                     or str(r["packed_status"]),
+                     "packed ÷ alone": _ratio_text(r["packed_over_alone"], r["packed_over_alone_ci_low"],
+                                                   r["packed_over_alone_ci_high"]),
+                     "significant": str(r["packed_over_alone_significant"])})
+    return md + ["", *_table(rows, ["host", "tp", "cell"], wide)]
+
+
+def _fmt(v: Any, digits: int = 2) -> str:
+    if v is None or (isinstance(v, float) and pd.isna(v)):
+        return ""
+    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+
+
+def hand_run_lines(df: pd.DataFrame) -> list[str]:
+    """Per config, one `fib: 26.4 ± 0.1 tok/s` line per cell, as the original hand-run printed; per host, configs
+    by tp, then in budget_key's order."""
+    lines = []
+    several_lengths = len(set(df["max_tokens"].dropna())) > 1
+    groups: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for r in _records(df):
+        if not _na(r["host"]) and not _na(r["config_id"]):  # as groupby() leaves them out
+            groups.setdefault((r["host"], r["config_id"]), []).append(r)
+    hosts = {h: i for i, h in enumerate(dict.fromkeys(h for h, _ in groups))}
+    first = {key: g[0] for key, g in groups.items()}
+    for host, cid in sorted(groups, key=lambda k: (hosts[k[0]], _order(first[k]["tp"], first[k]["method"],
+                                                                       first[k]["method_params"], k[1]))):
+        g = groups[(host, cid)]
+        lines.append(f"{host} {cid}:")
+        for r in g:
+            qual = []
+            if several_lengths:
+                qual.append(f"{r['max_tokens']} tok")
+            if not pd.isna(r["context_tokens"]) and r["context_tokens"]:
+                qual.append(f"ctx {r['context_tokens']}")
+            if not pd.isna(r["concurrency"]) and r["concurrency"] != 1:
+                qual.append(f"c{r['concurrency']}")
+            workload = r["workload"] if isinstance(r["workload"], str) else "(unknown cell)"
+            name = workload + (f" ({', '.join(qual)})" if qual else "")
+            if r["status"] != "ok" or r["tok_s_mean"] is None or pd.isna(r["tok_s_mean"]):
+                lines.append(f"  {name}: {r['status']}")
+                continue
+            std = r["tok_s_std"]
+            text = f"  {name}: {r['tok_s_mean']:.1f} ± {0.0 if pd.isna(std) else std:.1f} tok/s"
+            extra = [f"n={r['n']}"]
+            if r["errors"]:
+                extra.append(f"{r['errors']} errors")
+            if r["method"] != "autoregressive" and not pd.isna(r["speedup"]):
+                extra.append(f"{r['speedup']:.2f}x [{_fmt(r['speedup_ci_low'])}, {_fmt(r['speedup_ci_high'])}]")
+            if not pd.isna(r["accept_length_mean"]):
+                extra.append(f"accept {r['accept_length_mean']:.2f}")
+            if not _na(r["burst_tok_s_mean"]):
+                extra.append(f"burst {r['burst_tok_s_mean']:.1f} tok/s")
+            if r["flags"]:
+                extra.append(f"[{r['flags']}]")
+            lines.append(f"{text}  ({', '.join(extra)})")
+    return lines
+
+
+def _tok_text(mean: Any, std: Any, n: Any, unit: str = "") -> str:
+    if _na(mean):
+        return ""
+    return f"{mean:.1f}{'' if _na(std) else f' ± {std:.1f}'}{unit} (n={n})"
+
+
+def _ratio_text(ratio: Any, lo: Any, hi: Any) -> str:
+    if _na(ratio):
+        return ""
+    return f"{ratio:.2f}" + ("" if _na(lo) or _na(hi) else f" [{lo:.2f}, {hi:.2f}]")
+
+
+def vs_markdown(run: Run, vs: pd.DataFrame, wide: bool = True) -> list[str]:
+    """The DDTree-against-DFlash view in markdown: per table group one table, a row per DDTree config and a
+    ratio column per DFlash config; nothing at all when the run has no such group. Not `wide`: fits WIDTH
+    columns."""
+    if vs.empty:
+        return []
+    outcome_of = outcomes(run)
+
+    def status_text(host: str, cid: str, status: Any) -> str:
+        outcome = outcome_of.get((host, cid))
+        return str(status) if outcome in (None, "ok", status) else f"{outcome}: {status}"
+
+    several = len(vs[["engine", "model"]].drop_duplicates()) > 1
+    md = ["## DDTree budgets against DFlash", "",
+          *_text("Per host, tp and cell: each DDTree config's tok/s (mean ± sample std), its speedup over the baseline "
+                 "and DDTree ÷ DFlash tok/s for every DFlash config, each ratio with its 95% interval (as for the "
+                 "speedup). DDTree runs without overlap scheduling; *same path* marks the DFlash config that does too "
+                 f"(`{NO_OVERLAP_FLAG}` in its server arguments, or an SGLang build up to 0.5.13, which runs "
+                 "DFlash without overlap always).", wide)]
+    groups: dict[int, list[dict[str, Any]]] = {}
+    for g, r in zip(vs.groupby(CELL, sort=False, dropna=False).ngroup().tolist(), _records(vs)):
+        groups.setdefault(g, []).append(r)  # numbered as they first appear
+    for g in sorted(groups):
+        k = groups[g][0]
+        where = f" ({k['engine']}, {k['model']})" if several else ""
+        md += ["", f"### {k['host']} tp{k['tp']}: {_cell_text(k)}{where}", ""]
+        columns = {}
+        for f in groups[g]:
+            if f["dflash_config_id"] in columns:
+                continue
+            same = f["same_path_as_ddtree"]
+            path = ("scheduling path unknown" if _na(same) else
+                    "overlap off: same path as DDTree" if same else "overlap on")
+            shown = _tok_text(f["dflash_tok_s_mean"], f["dflash_tok_s_std"], f["dflash_n"], " tok/s")
+            shown = shown or status_text(f["host"], f["dflash_config_id"], f["dflash_status"])
+            md += _text(f"- DFlash `{f['dflash_config_id']}`: {shown}; {path}", wide)
+            columns[f["dflash_config_id"]] = f"÷ {f['dflash_config_id']}" + (" (same path)" if same is True else "")
+        trees: dict[Any, list[dict[str, Any]]] = {}
+        for pair in groups[g]:
+            trees.setdefault(pair["ddtree_config_id"], []).append(pair)
+        rows = []
+        for tid, pairs in trees.items():
+            first = pairs[0]
+            row = {"budget": "" if _na(first["budget"]) else str(first["budget"]), "config_id": tid,
+                   "tok/s": _tok_text(first["ddtree_tok_s_mean"], first["ddtree_tok_s_std"], first["ddtree_n"]),
+                   "speedup": _ratio_text(first["speedup"], first["speedup_ci_low"], first["speedup_ci_high"])}
+            for pair in pairs:
+                row[columns[pair["dflash_config_id"]]] = _ratio_text(
+                    pair["ddtree_over_dflash"], pair["ddtree_over_dflash_ci_low"], pair["ddtree_over_dflash_ci_high"])
+            row["status"] = status_text(first["host"], tid, first["ddtree_status"])
+            rows.append(row)
+        md += ["", *_table(rows, ["budget", "config_id"], wide)]
+    return md
+
+
+def environment_markdown(run: Run, wide: bool) -> list[str]:
+    """Per host, what it was measured on (environment.environment), as one list item; nothing when nothing is
+    known. Not `wide`: an item is wrapped between its facts where it can be."""
+    env = {host: pairs for host, pairs in environment(run).items() if pairs}
+    if not env:
+        return []
+    md = ["## Environment", ""]
+    for host, pairs in env.items():
+        facts = [f"{label} {value}" for label, value in pairs]
+        if wide or any(len(f) > WIDTH // 2 for f in facts):
+            md += _text(f"- {host}: " + "; ".join(facts), wide)
+            continue
+        glued = [f.replace(" ", "\N{NO-BREAK SPACE}") for f in facts]  # a line breaks between facts only
+        md += [line.replace("\N{NO-BREAK SPACE}", " ") for line in wrap(f"- {host}: " + "; ".join(glued), WIDTH, "")]
+    return md + [""]
+
+
+def methods_markdown(run: Run, df: pd.DataFrame, wide: bool) -> list[str]:
+    """The main table (views.by_workload): per host and tp, a row per cell and a column per config that measures
+    any of its cells. Not `wide`: each split by columns to fit WIDTH, the cell in every part."""
+    view = by_workload(df, outcomes(run))
+    labels = [c for c in view.columns if c not in KEYS]
+    groups: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for r in _records(view):
+        groups.setdefault((r["host"], r["tp"]), []).append(r)
+    if not groups:
+        return []
+    md = [*_text("Per host and tp, a row per cell and a column per config: tok/s (the mean over ok requests) and "
+                 f"its speedup over the autoregressive baseline ({AR}), or why there is no number.", wide)]
+    for (host, tp), recs in groups.items():
+        shown = [lab for lab in labels if any(r[lab] for r in recs)]
+        rows = [{"cell": _cell_text(r), **{lab: r[lab] for lab in shown}} for r in recs]
+        md += ["", f"### {host} tp{'?' if _na(tp) else tp}", "", *_table(rows, ["cell"], wide)]
+    return md
+
+
+def full_markdown(df: pd.DataFrame) -> list[str]:
+    """Every column of the table but the engine, model, method, params and checks, its configs in budget order."""
+    shown = by_budget(df)
+    for col in ("tok_s_mean", "tok_s_std", "speedup", "speedup_ci_low", "speedup_ci_high", "accept_length_mean",
+                "cv", "burst_tok_s_mean", "burst_speedup", "burst_speedup_ci_low", "burst_speedup_ci_high"):
+        shown[col] = shown[col].map(_fmt)
+    for col in ("ttft_mean_s", "tpot_mean_s"):
+        shown[col] = shown[col].map(lambda v: _fmt(v, 3))
+    return [pipe_table(shown.drop(columns=["engine", "model", "method", "method_params", "checks"]))]
+
+
+def cross_host_markdown(df: pd.DataFrame, wide: bool) -> list[str]:
+    """cross_host(df), its configs in budget order; nothing with fewer than two hosts. Not `wide`: the cell in one
+    column, split by columns to fit WIDTH."""
+    hosts = cross_host(df)
+    if hosts.empty:
+        return []
+    first = df.drop_duplicates("config_id").set_index("config_id")
+    order = {cid: _order(r["tp"], r["method"], r["method_params"], str(cid)) for cid, r in first.iterrows()}
+    position = sorted(range(len(hosts)), key=lambda i: (order[hosts["config_id"].iat[i]], i))
+    hosts = hosts.iloc[position].reset_index(drop=True)
+    md = ["## Across hosts", ""]
+    if wide:
+        return md + [pipe_table(hosts, floatfmt=".2f")]
+    rows = [{"config_id": str(r["config_id"]), "cell": _cell_text(r),
+             **{k: _fmt(v) for k, v in r.items() if k not in ("config_id", *records.CELL)}} for r in _records(hosts)]
+    return md + _table(rows, ["config_id", "cell"], wide)
+
+
+def timing_markdown(run: Run, wide: bool) -> list[str]:
+    """timing(run) in markdown; nothing for a run without configs. Not `wide`: split by columns to fit WIDTH."""
+    t = timing(run)
+    if t.empty:
+        return []
+    md = ["## Time per config (seconds)", ""]
+    if any(c.endswith("_s") and c.split("_s")[0] in STARTUP_PHASES for c in t.columns):
+        md += _text("Startup, from each server's log: the seconds from launch at which its weights were loaded "
+                    "(weights_s), its model compiled (compile_s), its KV cache allocated (kv_cache_s) and its graphs "
+                    "captured (graphs_s); ready_s when it first answered its health check.", wide) + [""]
+    if wide:
+        return md + [pipe_table(t, floatfmt=".1f")]
+    rows = [{k: _fmt(v, 1) for k, v in r.items()} for r in _records(t)]
+    return md + _table(rows, ["host", "config_id"], wide)
+
+
+def render(run: Run, df: pd.DataFrame, wide: bool = False) -> str:
+    """The report in markdown from the speedup table `df` (tables.table): within WIDTH columns, its main table the
+    methods as columns per cell; `wide` adds the full table and lays every table out whole."""
+    seed = hand_run_lines(df)
+    md = [f"# Run {run.meta.get('run_id', run.root.name)}", "", *environment_markdown(run, wide)]
+    md += ["```", *(seed if wide else [part for line in seed for part in wrap(line, WIDTH)]), "```", ""]
+    md += ["## Speedup vs the autoregressive baseline", "", *methods_markdown(run, df, wide)]
+    if wide:
+        md += ["", "## Every column", "", *full_markdown(df)]
+    checked = _records(df[df["checks"].astype(bool)].drop_duplicates(["host", "config_id"]))
+    if checked:
+        packed = any("packed" in r["flags"].split(",") for r in checked)
+        md += ["", "## Checks that did not pass" + (", and packing" if packed else ""), ""]
+        for r in sorted(checked, key=lambda r: (r["host"], _order(r["tp"], r["method"], r["method_params"],
+                                                                  r["config_id"]))):
+            md += _text(f"- {r['host']} {r['config_id']} [{r['flags']}]: {r['checks']}", wide)
+    for section in (pack_markdown(pack_check(run), wide), cross_host_markdown(df, wide),
+                    vs_markdown(run, ddtree_vs_dflash(run, df), wide), timing_markdown(run, wide)):
+        if section:
+            md += ["", *section]
+    if run.problems:  # each whole on its line, for the file (and line) it names
+        md += ["", "## Problems in the results (skipped)", "", "```", *[f"- {p}" for p in run.problems], "```"]
+    return "\n".join(md) + "\n"
