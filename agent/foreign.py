@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import gpu
-from .sweep import MARK
+from .leftovers import MARK
 
 # Listeners asked whether they serve models: processes of the runtimes such servers are written in. Other daemons
 # (sshd, databases, ...) are never sent a request: some log an HTTP request on their port as an attack.

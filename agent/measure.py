@@ -19,9 +19,9 @@ from typing import Any, Callable, ContextManager, Dict, List, Mapping, Optional,
 from . import client, counters, foreign, hostload, records, workloads
 from .classify import Reason, classify, tail
 from .engines import Engine
+from .leftovers import MARK
 from .server import Server, http_status
 from .store import now_iso
-from .sweep import MARK
 
 Prompt = Union[str, List[int]]
 Sink = Callable[..., None]  # where events go: HostStore.event(kind, **fields)

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Callable
 
 from .classify import Reason
+from .leftovers import MARK, kill_leftovers, stat_fields
 from .logbound import DEFAULT_MAX_BYTES, BoundedLog
-from .sweep import MARK, stat_fields, sweep
 
 POLL_S = 0.25
 
@@ -216,7 +216,7 @@ class ProcessServer(Server):
             self._stop_group(deadline_s)
         finally:
             if self.env.get(MARK):
-                self.survivors = sweep(self.env[MARK])
+                self.survivors = kill_leftovers(self.env[MARK])
             if self.log is not None:
                 self.log.close()
 

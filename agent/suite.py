@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Mapping, Optional, Set
 
 from . import fingerprint, gpu, pack, probe
 from .classify import Reason
-from .config import Host, config_digest, run_config, server_env, skip
+from .config_run import Host, config_digest, run_config, server_env, skip
 from .engines import DISTRIBUTIONS, ENGINES
 from .pack import Slot
 from .records import Event, Outcome
@@ -144,13 +144,13 @@ class Suite:
             pool = pools[phase]
             if len(pool) == 1:
                 for cfg in group:
-                    self.one(cfg, pool[0] if not pool[0].whole_host else None, 1)
+                    self.run_config(cfg, pool[0] if not pool[0].whole_host else None, 1)
             else:
                 self.packed(group, pool)
         store.event(Event.SUITE_END, elapsed_s=time.monotonic() - self.t0)
         return 0
 
-    def one(self, cfg: Dict[str, Any], slot: Optional[Slot], share: int,
+    def run_config(self, cfg: Dict[str, Any], slot: Optional[Slot], share: int,
             spans: Optional[Dict[str, Dict[str, Any]]] = None) -> Dict[str, Any]:
         """One config in `slot` (None: the whole host), with its events; `share` is how many slots its phase
         runs at once (for the ETA); `spans` collects when its server was up, for the neighbours."""
@@ -202,7 +202,7 @@ class Suite:
         base, rest = pack.split(group)
         alone = pack.alone(group)
         if base is not None and alone:
-            self.one(base, pool[0], 1, spans)
+            self.run_config(base, pool[0], 1, spans)
         gated = base is not None and not alone
         busy = self.host.busy = pack.Busy(gate=base["config_id"] if gated else None)
         queue = deque(([base] if gated else []) + rest)
@@ -218,7 +218,7 @@ class Suite:
                     cfg = queue.popleft()
                 try:
                     with busy.running(cfg["config_id"], check=bool(cfg.get("pack_check_of"))):
-                        self.one(cfg, slot, len(pool), spans)
+                        self.run_config(cfg, slot, len(pool), spans)
                 except BaseException as exc:  # raised again once every slot has stopped
                     errors.append(exc)
                     busy.launched.set()

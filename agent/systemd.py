@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from .classify import Reason
+from .leftovers import MARK, kill_leftovers
 from .logbound import DEFAULT_MAX_BYTES, BoundedLog
 from .pack import Slot
 from .server import POLL_S, Server, StartupFailed, wait_until
 from .store import write_atomic
-from .sweep import MARK, sweep
 
 UNIT_DIR_ENV = Path("/etc/specfleet/units")
 DROPIN_DIR = Path("/run/systemd/system")  # runtime drop-ins: gone at reboot, like the slot they describe
@@ -207,7 +207,7 @@ class SystemdServer(Server):
             self.wait_port_released()
         finally:
             if self.env.get(MARK):  # KillMode=control-group ends the unit's cgroup; anything else marked goes too
-                self.survivors = sweep(self.env[MARK])
+                self.survivors = kill_leftovers(self.env[MARK])
             self.save_journal()
             try:
                 self.env_path.unlink()

@@ -82,12 +82,12 @@ import yaml
 from scipy import stats
 
 from agent import workloads
-from agent.config import server_env
+from agent.config_run import server_env
 from agent.engines import ENGINES
 from agent.engines import PORT as PORT_PLACEHOLDER
+from agent.leftovers import MARK
 from agent.measure import Endpoint, burst
 from agent.server import ProcessServer, become_subreaper, free_port
-from agent.sweep import MARK
 from collector.stats import mean_std
 
 ROOT = Path(__file__).resolve().parents[1]

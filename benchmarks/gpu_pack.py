@@ -5,7 +5,7 @@ Per config it prints the slot, its GPUs and neighbours, ready_s and wall_s from 
 report (torch.cuda.device_count(), each visible device's UUID, CUDA_VISIBLE_DEVICES) against nvidia-smi's UUID for
 the slot's GPU index; the memory nvidia-smi saw on every GPU while the server ran; and the release before the next
 config on the same slot: the stand-in keeps its memory `--release-delay` seconds after its stop (in a holder that
-neither the group stop nor the sweep reaches), so the agent's release check must wait, on that slot's GPUs only.
+neither the group stop nor the leftover kill reaches), so the agent's release check must wait, on that slot's GPUs only.
 
 The checks (also asserted by tests/gpu/test_pack_gpu.py):
 - each server sees exactly its slot's GPUs: device_count == len(slot gpus), CUDA_VISIBLE_DEVICES is the slot's
@@ -39,7 +39,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from agent import config as agent_config
+from agent import config_run as agent_config
 from agent import gpu as agent_gpu
 from agent import pack
 from agent.server import become_subreaper
@@ -116,7 +116,7 @@ class MemorySampler:
 @contextmanager
 def observe_release_waits() -> Iterator[Dict[str, Dict[str, Any]]]:
     """Per config id, the agent's own release wait in its preflight: {gpus, from, to, wait_s, ok} (wall clock).
-    Wraps agent.config.preflight (to know the config) and agent.gpu.wait_released for the block; changes nothing."""
+    Wraps agent.config_run.preflight (to know the config) and agent.gpu.wait_released for the block; changes nothing."""
     waits: Dict[str, Dict[str, Any]] = {}
     local = threading.local()
     preflight, wait_released = agent_config.preflight, agent_gpu.wait_released

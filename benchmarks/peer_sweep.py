@@ -30,7 +30,8 @@ about 2/3 of a serial run's; an even matrix (--configs plain,ngram-k2,ngram-k3,n
 Usage (with the project's virtualenv active, after `make engine models`, on an otherwise idle machine):
   python benchmarks/peer_sweep.py [--pairs N] [--slots 0,1] [--configs plain,ngram-k2] [--requests 16]
                                   [--max-tokens 128] [--side both|vllm|specfleet] [--dry-run]
-`--slots 0,1` runs the specfleet side packed, one CPU per slot (bench_pack, bench_slots; docs/gpu-hosts.md "Packing the GPUs").
+`--slots 0,1` runs the specfleet side packed, one CPU per slot (bench_pack, bench_slots; docs/gpu-hosts.md,
+"Packing the GPUs").
 """
 from __future__ import annotations
 

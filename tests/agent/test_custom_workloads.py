@@ -1,6 +1,6 @@
 """Workloads of a `bench_workloads_file` measured end to end: the plan carries them in the configs, and the agent
 sends plain prompts as text and chat messages through the server's `/tokenize` (its chat template) before timing
-them, at their own length or padded to a context length. Against the stand-in engine of test_config, whose chat
+them, at their own length or padded to a context length. Against the stand-in engine of test_config_run, whose chat
 template renders `/tokenize`'s messages as `<|role|> content` and, asked for it, `<|assistant|>`."""
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
-from agent.config import Host, run_config
+from agent.config_run import Host, run_config
 from agent.engines import ENGINES
 from agent.store import HostStore
 from controller import matrix
-from tests.agent.test_config import CONTEXT, INVOCATION, assert_contract, suite, write_engine
+from tests.agent.test_config_run import CONTEXT, INVOCATION, assert_contract, suite, write_engine
 from tests.standin.engine import NO_TEMPLATE
 
 CHAT = [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "Capital of France?"}]
@@ -20,7 +20,7 @@ PLAIN = "List the planets of the solar system in order."
 OUT = 6
 
 def chat_engine(folder: Path) -> str:
-    """test_config's engine (the stand-in, whose /tokenize also takes chat messages)."""
+    """test_config_run's engine (the stand-in, whose /tokenize also takes chat messages)."""
     return write_engine(folder)
 
 

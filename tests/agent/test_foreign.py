@@ -14,7 +14,7 @@ from typing import Iterator
 import pytest
 
 from agent import foreign
-from agent.sweep import MARK
+from agent.leftovers import MARK
 
 SLEEP = "import sys, time; time.sleep(60)"
 

@@ -1,7 +1,7 @@
 """Progress inside a config (agent/measure.py `Pace`): after a burst, once `progress_s` has passed since the last
 report, a `config_progress` event with the requests done of all, the output tok/s over that window (the server's
 completion_tokens of the requests finished in it) and the config's ETA; measured against the stand-in engine of
-test_config, and shown by `controller.follow` as one line each between the per-config lines."""
+test_config_run, and shown by `controller.follow` as one line each between the per-config lines."""
 from __future__ import annotations
 
 import re
@@ -11,12 +11,12 @@ from typing import Any, Dict, List, Tuple
 import pytest
 
 from agent import progress
-from agent.config import run_config
+from agent.config_run import run_config
 from agent.measure import Pace
 from agent.records import Event
 from agent.suite import Suite
 from controller import follow, matrix
-from tests.agent.test_config import assert_contract, events, setup, suite, write_engine
+from tests.agent.test_config_run import assert_contract, events, setup, suite, write_engine
 
 OUT = 24  # output tokens per request: about 50 ms a request from the stand-in engine
 SWEEPS = [{"workloads": ["fib"], "max_tokens": [OUT], "concurrency": [1, 2]}]

@@ -58,7 +58,7 @@ def test_pump_copies_a_real_process_output_until_its_end(tmp_path: Path) -> None
 
 
 def test_output_after_close_is_drained_not_kept_and_never_raises(tmp_path: Path) -> None:
-    """A writer that outlives the server (one the sweep could not find) must neither block nor break the log."""
+    """A writer that outlives the server (one the leftover kill could not find) must neither block nor break the log."""
     log = BoundedLog(tmp_path / "server.log", 1000)
     log.feed(b"kept\n")
     log.close(wait_s=0)

@@ -8,12 +8,12 @@ from typing import Any, Dict, List, Tuple
 
 import pytest
 
-from agent.config import Result, config_digest, fresh_folder, record
+from agent.config_run import Result, config_digest, fresh_folder, record
 from agent.records import Event, Outcome
 from agent.store import HostStore, now_iso, write_json
 from agent.suite import Eta, Suite, kept
 from controller import matrix
-from tests.agent.test_config import (
+from tests.agent.test_config_run import (
     ENGINE_VERSION,
     HOST,
     MAX_TOKENS,

@@ -14,7 +14,7 @@ import pytest
 
 from agent.suite import Suite
 from controller import matrix
-from tests.agent.test_config import HOST, MAX_TOKENS, assert_contract, suite, write_engine
+from tests.agent.test_config_run import HOST, MAX_TOKENS, assert_contract, suite, write_engine
 
 RUN_ID = "run-packed"
 CPUS = sorted(os.sched_getaffinity(0))

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from agent import workloads
-from agent.config import config_digest
+from agent.config_run import config_digest
 from controller import matrix, plan
 
 ROOT = Path(__file__).resolve().parents[2]

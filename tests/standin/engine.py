@@ -73,7 +73,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 NO_TEMPLATE = ("As of transformers v4.44, default chat template is no longer allowed, so you must provide a chat "
                "template if the tokenizer does not define one.")
-MARK = "SPECFLEET_CONFIG"  # the agent's mark (agent.sweep.MARK); the holder leaves it out of its environment
+MARK = "SPECFLEET_CONFIG"  # the agent's mark (agent.leftovers.MARK); the holder leaves it out of its environment
 MIB = 1 << 20
 OWN = {"--hold-mib": "STANDIN_HOLD_MIB", "--release-delay": "STANDIN_RELEASE_DELAY_S", "--record": "STANDIN_RECORD"}
 

@@ -63,7 +63,7 @@ def _reap(pid: int) -> None:
         pass
 
 
-def sweep(mark: str, deadline_s: float = 10.0) -> list[dict[str, Any]]:
+def kill_leftovers(mark: str, deadline_s: float = 10.0) -> list[dict[str, Any]]:
     """Kill every process still marked with `mark`; [{pid, cmdline, gone}] of those found."""
     found = [{"pid": pid, "cmdline": _cmdline(pid)[:300]} for pid in marked(mark)]
     for entry in found:

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from agent.sweep import MARK, marked, sweep
+from agent.leftovers import MARK, kill_leftovers, marked
 
 
 def test_a_process_that_left_the_group_is_found_killed_and_reported() -> None:
@@ -20,17 +20,17 @@ def test_a_process_that_left_the_group_is_found_killed_and_reported() -> None:
         time.sleep(0.05)
     [pid] = marked(mark)
     assert os.getsid(pid) == pid  # it left the group: a group kill would not reach it
-    found = sweep(mark)
+    found = kill_leftovers(mark)
     assert [(f["pid"], f["gone"]) for f in found] == [(pid, True)] and "time.sleep(600)" in found[0]["cmdline"]
     assert marked(mark) == []
-    assert sweep(mark) == []
+    assert kill_leftovers(mark) == []
 
 
 def test_other_marks_and_unmarked_processes_are_left_alone() -> None:
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
                              env={**os.environ, MARK: "someone/else"})
     try:
-        assert sweep("not/this/one") == []
+        assert kill_leftovers("not/this/one") == []
         assert other.poll() is None
     finally:
         other.kill()

@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Mapping, Optional, Set
 from . import fit, foreign, gpu, gpusample, probe, startup
 from .classify import Reason, classify, tail
 from .engines import PORT, Engine
+from .leftovers import MARK
 from .measure import Endpoint, Measured, PromptError, measure
 from .pack import Busy, Slot
 from .records import Event, Outcome
@@ -34,7 +35,6 @@ from .store import (
     write_json,
     write_jsonl,
 )
-from .sweep import MARK
 from .systemd import SystemdServer
 
 ENV_PASSTHROUGH = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH", "CUDA_HOME")
