@@ -278,9 +278,14 @@ class Hub:
     log: Path
 
     def requests(self) -> list[dict[str, Any]]:
+        """The requests for the Hub's own routes (`/api/...`, `/<repo>/resolve/...`). The stand-in listens on the
+        test hosts' gateway of this machine, where a benchmark running beside these tests may ask any listener
+        `GET /v1/models` (specfleet's foreign-load check, once per config): such a request fetches nothing from the
+        Hub, and is not one of provisioning's."""
         if not self.log.exists():
             return []
-        return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
+        rows = [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
+        return [r for r in rows if r["path"].startswith("/api/") or "/resolve/" in r["path"]]
 
 
 def start_hub(folder: Path) -> Hub:
