@@ -10,7 +10,8 @@ lines. Its lines are read one of two ways, which keep the same lines and say the
   decides what it is and what is said of it. A file holding a line that only the plain check refuses (an ok
   request without output_tok_s), or a byte at which str.splitlines() breaks a line and a split at newlines does
   not, is read wholly the plain way.
-A large run's files are read by as many processes as there are CPUs.
+A large run's files are read by as many processes as there are CPUs. (Past 400 lines because both readers of one
+file format live here, and must say the same of every line.)
 """
 from __future__ import annotations
 

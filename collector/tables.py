@@ -3,7 +3,7 @@ engine, model, tp, workload, max_tokens, context_tokens, concurrency, method + p
 its autoregressive baseline; where a table group holds both, every DDTree budget against every DFlash config; for a
 packed phase, its baseline measured alone against the same baseline measured again while the phase's other configs
 ran beside it (the pack check, which is never a baseline nor a row of the table); the time per config; the spread
-across hosts."""
+across hosts. (Just past 400 lines: each table beside the pairing of rows it is computed from.)"""
 from __future__ import annotations
 
 import json

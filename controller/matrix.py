@@ -2,170 +2,30 @@
 
 The controller validates the `bench_*` variables of each host with `validate()` before any
 server starts, and `expand()` turns them into the ordered config list the agent runs. Schema
-checks use jsonschema (controller only); cross-field checks are plain code. The workloads of
+checks use jsonschema (controller only) against `controller.settings.SCHEMA`, where each setting is defined;
+cross-field checks are plain code. The workloads of
 `bench_workloads_file` are read here, on the controller, and travel to the host inside the configs.
 """
 from __future__ import annotations
 
 import ipaddress
 import json
-import math
-import re
-import unicodedata
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from agent import pack, records, workloads
 from agent.engines import ENGINES, PORT, flag_value, ngram_lookup
-from agent.logbound import DEFAULT_MAX_BYTES
 from agent.secrets import PLACEHOLDER
-from agent.store import SECRET_KEY
 
 from . import estimate
-
-METHODS = ("autoregressive", "ngram", "draft_model", "eagle", "eagle3", "mtp", "dflash", "ddtree")
-NEEDS_DRAFT = ("draft_model", "eagle", "eagle3", "dflash", "ddtree")
-NEEDS_K = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
-PREFIX = "bench_"
-
-# `\Z`, not `$`: `$` also matches before a trailing newline
-NAME_MAX = 64
-_NAME = f"^[A-Za-z0-9][A-Za-z0-9_.-]{{0,{NAME_MAX - 1}}}\\Z"
-NAME_TEXT = f"letters, digits, '.', '_' and '-', starting with a letter or digit, at most {NAME_MAX} characters"
-_ENV_NAME = "^[A-Za-z_][A-Za-z0-9_]*\\Z"
-_ENVNAME_TEXT = "letters, digits and '_', not starting with a digit"
-_NO_NUL = "^[^\\x00]*\\Z"
-_HOSTNAME = re.compile(r"^(?=.{1,253}\Z)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}"
-                       r"[A-Za-z0-9])?)*\Z")
-NAME_RE = re.compile(_NAME)
-_pos_int = {"type": "integer", "minimum": 1}
-_int_list = {"type": "array", "minItems": 1, "items": _pos_int, "uniqueItems": True}
-# Bounds past any plausible use: a typo there would plan days of requests or ship megabytes to every host.
-MAX_CONCURRENCY, MAX_REPETITIONS, MAX_OUTPUT, MAX_CONTEXT = 4096, 1000, 1 << 20, 10_000_000
-MAX_PROMPT_CHARS = 1 << 20  # a workload's prompt; long contexts come from context_tokens, built on the host
-_tokens_list = {**_int_list, "items": {**_pos_int, "maximum": MAX_OUTPUT}}
-_concurrency_list = {**_int_list, "items": {**_pos_int, "maximum": MAX_CONCURRENCY}}
-_repetitions = {**_pos_int, "maximum": MAX_REPETITIONS}
-_str_list = {"type": "array", "items": {"type": "string", "pattern": _NO_NUL}}
-_env = {"type": "object", "propertyNames": {"type": "string", "pattern": _ENV_NAME},
-        "additionalProperties": {"type": ["string", "number", "boolean"], "pattern": _NO_NUL}}
-_model = {
-    "type": "object", "required": ["name", "path"], "additionalProperties": False,
-    "properties": {"name": {"type": "string", "minLength": 1, "pattern": _NO_NUL},
-                   "path": {"type": "string", "minLength": 1, "pattern": _NO_NUL},
-                   "revision": {"type": ["string", "null"]}, "max_model_len": _pos_int},
-}
-# The conditions apply to mappings that name a method; anything else is reported by type/required.
-_has_method = {"type": "object", "required": ["method"]}
-_config = {
-    "type": "object", "required": ["method"], "additionalProperties": False,
-    "properties": {
-        "method": {"enum": list(METHODS)},
-        "id": {"type": "string", "pattern": _NAME},
-        "num_speculative_tokens": {"type": "integer", "minimum": 1, "maximum": 64},
-        "budget": {"type": "integer", "minimum": 1, "maximum": 1024},
-        "block_size": {"type": "integer", "minimum": 2, "maximum": 64},
-        "topk": _pos_int, "num_draft_tokens": _pos_int,
-        "prompt_lookup_min": _pos_int, "prompt_lookup_max": _pos_int,
-        "draft_model": _model, "server_args": _str_list, "env": _env,
-    },
-    "allOf": [
-        {"if": {**_has_method, "properties": {"method": {"const": "ddtree"}}}, "then": {"required": ["budget"]}},
-        {"if": {**_has_method, "properties": {"method": {"enum": list(NEEDS_K)}}},
-         "then": {"required": ["num_speculative_tokens"]}},
-        {"if": {**_has_method, "properties": {"method": {"enum": [m for m in METHODS if m != "ddtree"]}}},
-         "then": {"not": {"required": ["budget"]}}},
-    ],
-}
-_slots = {"type": "array", "items": {
-    "type": "object", "additionalProperties": False, "minProperties": 1,
-    "properties": {"gpus": {"type": "array", "minItems": 1, "uniqueItems": True,
-                            "items": {"type": "integer", "minimum": 0}},
-                   "cpus": {"type": ["string", "integer"], "minimum": 0, "pattern": pack.CPU_LIST.pattern}}}}
-_sweep = {
-    "type": "object", "required": ["workloads"], "additionalProperties": False,
-    "properties": {
-        "name": {"type": "string"},
-        "workloads": {"type": "array", "minItems": 1, "items": {"type": "string"}, "uniqueItems": True},
-        "max_tokens": _tokens_list,
-        "context_tokens": {"type": "array", "minItems": 1, "uniqueItems": True,
-                           "items": {"type": "integer", "minimum": 0, "maximum": MAX_CONTEXT}},
-        "concurrency": _concurrency_list,
-        "repetitions": _repetitions,
-        "methods": {"type": "array", "items": {"type": "string"}},
-    },
-}
-SCHEMA = {
-    "type": "object",
-    "required": ["engine", "engine_python", "model", "phases"],
-    "additionalProperties": False,
-    "properties": {
-        "suite_name": {"type": "string"},
-        "engine": {"enum": sorted(ENGINES), "default": "vllm"},
-        "backend": {"enum": ["process", "systemd"], "default": "process"},
-        "engine_python": {"type": "string", "minLength": 1, "pattern": _NO_NUL,
-                          "default": "/opt/specfleet/engine/bin/python"},
-        "engine_patches": {"type": "array", "default": []},
-        "model": _model,
-        "draft_model": {**_model, "type": ["object", "null"], "default": None},
-        "gpu_count": {"type": "integer", "minimum": 0, "default": 0},
-        "gpu_memory_mib": {"type": "integer", "minimum": 0, "default": 0},
-        "pack": {"type": "boolean", "default": False},
-        "pack_check": {"type": "boolean", "default": False},
-        "slots": {**_slots, "default": []},
-        "bind_host": {"type": "string", "minLength": 1, "default": "127.0.0.1"},
-        "port": {"type": "integer", "minimum": 0, "maximum": 65535, "default": 0},
-        "api_key": {"type": ["string", "null"], "default": ""},
-        "server_args": {**_str_list, "default": []},
-        "env": {**_env, "default": {}},
-        "sampling": {"type": "object", "additionalProperties": False, "properties": {
-            "temperature": {"type": "number", "minimum": 0, "default": 0.0},
-            "ignore_eos": {"type": "boolean", "default": False}}},
-        "repetitions": {**_repetitions, "default": 3},
-        "max_tokens": {**_tokens_list, "default": [256]},
-        "warmup_max_tokens": {**_pos_int, "default": 32},
-        "workloads": {"type": "object", "default": {},
-                      "additionalProperties": {"type": "string", "minLength": 1, "maxLength": MAX_PROMPT_CHARS}},
-        "workloads_file": {"type": ["string", "null"], "pattern": _NO_NUL, "default": ""},
-        "timeouts": {"type": "object", "additionalProperties": False, "properties": {
-            k: {"type": "number", "exclusiveMinimum": 0, "maximum": 604800, "default": v}   # at most a week
-            for k, v in (("health_s", 900), ("request_s", 900), ("stop_s", 60), ("release_s", 120))}},
-        "progress_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 604800, "default": 10},
-        "max_plan_hours": {"type": "number", "exclusiveMinimum": 0, "default": 24},
-        "server_log_max_mib": {"type": "integer", "minimum": 1, "maximum": 1024,  # half of it is held in memory
-                               "default": DEFAULT_MAX_BYTES >> 20},
-        "estimate": {"type": "object", "additionalProperties": False, "properties": {
-            k: {"type": "number", "exclusiveMinimum": 0, "default": v}
-            for k, v in (("startup_s", 120), ("tok_s", 25), ("prefill_tok_s", 5000))}},
-        "phases": {
-            "type": "array", "minItems": 1,
-            "items": {
-                "type": "object", "required": ["name", "configs", "sweeps"], "additionalProperties": False,
-                "properties": {
-                    "name": {"type": "string", "pattern": _NAME},
-                    "tp": _pos_int,
-                    "server_args": _str_list,
-                    "env": _env,
-                    "slots": _slots,
-                    "configs": {"type": "array", "minItems": 1, "items": _config},
-                    "sweeps": {"type": "array", "minItems": 1, "items": _sweep},
-                },
-            },
-        },
-    },
-}
-
-
-# The matrix's variables are the schema's properties, and their defaults are the schema's `default`s: for a
-# mapping whose keys all have one (sampling, timeouts, estimate), the mapping of them, completed key by key
-# when the variable sets only some keys (Ansible replaces a dict variable whole). The role's defaults/main.yml
-# and meta/argument_specs.yml document the same values (a test compares them).
-PARTIAL = tuple(k for k, v in SCHEMA["properties"].items()
-                if v.get("properties") and all("default" in p for p in v["properties"].values()))
-DEFAULTS: dict[str, Any] = {
-    k: ({name: p["default"] for name, p in v["properties"].items()} if k in PARTIAL else v["default"])
-    for k, v in SCHEMA["properties"].items() if k in PARTIAL or "default" in v}
+from .names import LABEL_TEXT, label_problem
+from .schema_errors import field_path, schema_errors, shown
+from .settings import DEFAULTS as DEFAULTS  # re-exported: the names the role, plan and tests know them by
+from .settings import HOSTNAME_RE as _HOSTNAME
+from .settings import METHODS as METHODS
+from .settings import NAME_MAX, NAME_RE, NAME_TEXT, NEEDS_DRAFT, NEEDS_K, PARTIAL, PREFIX
+from .settings import SCHEMA as SCHEMA
+from .workloads_file import read_workloads_file
 
 
 def with_defaults(suite: dict[str, Any]) -> dict[str, Any]:
@@ -181,208 +41,6 @@ def with_defaults(suite: dict[str, Any]) -> dict[str, Any]:
 
 class MatrixError(ValueError):
     """A matrix problem; the message names the field and what is allowed."""
-
-
-def _path(parts: Iterable[Any]) -> str:
-    out = ""
-    for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else f"{PREFIX}{p}")
-    return out or "(top level)"
-
-
-_TYPE_WORDS = {"integer": "an integer", "number": "a number", "string": "a string", "boolean": "a boolean",
-               "array": "a list", "object": "a mapping", "null": "null"}
-
-
-def _type_of(value: Any) -> str:
-    """The JSON type of a value, in words: `a string`, `a list`, `a mapping`, ..."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    return "a list" if isinstance(value, list) else "a mapping" if isinstance(value, dict) else type(value).__name__
-
-
-def _or(words: list[str]) -> str:
-    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
-
-
-def _range(schema: dict[str, Any]) -> str:
-    lo, hi = schema.get("minimum"), schema.get("maximum")
-    if "exclusiveMinimum" in schema:
-        return f" > {schema['exclusiveMinimum']}" + (f" and <= {hi}" if hi is not None else "")
-    if lo is not None and hi is not None:
-        return f" from {lo} to {hi}"
-    if lo is not None:
-        return f" >= {lo}"
-    return f" <= {hi}" if hi is not None else ""
-
-
-def allowed(schema: dict[str, Any]) -> str:
-    """What a schema accepts, in words: `an integer from 1 to 1024`, `one of vllm, sglang`, ..."""
-    if "enum" in schema:
-        return "one of " + ", ".join(map(str, schema["enum"]))
-    types = schema.get("type", [])
-    types = [types] if isinstance(types, str) else list(types)
-    words = []
-    for t in types:
-        if t in ("integer", "number"):
-            words.append(_TYPE_WORDS[t] + _range(schema))
-        elif t == "string" and schema.get("pattern") == _NAME:
-            words.append(f"a name of {NAME_TEXT}")
-        elif t == "string" and schema.get("minLength"):
-            words.append("a non-empty string")
-        elif t == "array":
-            n = schema.get("minItems", 0)
-            what = "a list" + (f" of at least {n} item{'s' if n > 1 else ''}" if n else "")
-            if schema.get("uniqueItems"):
-                what += ", no repeats"
-            if isinstance(schema.get("items"), dict) and "type" in schema["items"]:
-                what += f", each {allowed(schema['items'])}"
-            words.append(what)
-        elif t == "object" and "properties" in schema and schema.get("additionalProperties") is False:
-            req = schema.get("required", [])
-            words.append("a mapping with keys " + ", ".join(sorted(schema["properties"]))
-                         + (f" ({', '.join(req)} required)" if req else ""))
-        elif t == "object" and isinstance(schema.get("additionalProperties"), dict):
-            words.append(f"a mapping of names to {allowed(schema['additionalProperties'])}")
-        else:
-            words.append(_TYPE_WORDS.get(t, t))
-    return _or(words) if words else "see the role's argument specs"
-
-
-def _is_secret(parts: list[Any]) -> bool:
-    """Whether the value at this path may hold a secret (API key, env of servers, launch arguments)."""
-    if "api_key" in parts or "server_args" in parts:
-        return True
-    for i, p in enumerate(parts):
-        if p == "env":
-            key = parts[i + 1] if i + 1 < len(parts) else None
-            return key is None or not isinstance(key, str) or bool(SECRET_KEY.search(key))
-    return False
-
-
-def shown(value: Any, secret: bool) -> str:
-    """A value as a message may show it: scalars by repr (shortened), lists and mappings by type."""
-    if secret:
-        return f"{_type_of(value)} (value not shown: may be a secret)"
-    if isinstance(value, (list, dict)):
-        return _type_of(value) if value else repr(value)
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _quoted_number(value: Any, types: list[str]) -> bool:
-    if not isinstance(value, str) or not {"integer", "number", "boolean"} & set(types):
-        return False
-    if value.strip().lower() in ("true", "false", "yes", "no"):
-        return "boolean" in types
-    try:
-        float(value)
-    except ValueError:
-        return False
-    return True
-
-
-def _format(err: Any) -> list[str]:
-    """One or more messages for a jsonschema error, each naming its field and what is allowed."""
-    parts = list(err.absolute_path)
-    where = _path(parts)
-    secret = _is_secret(parts)
-    inst, schema, kind = err.instance, err.schema, err.validator
-    if kind == "type":
-        types = [err.validator_value] if isinstance(err.validator_value, str) else list(err.validator_value)
-        msg = (f"{where}: {shown(inst, secret)} is not of type {_or([repr(t) for t in types])}; "
-               f"allowed: {allowed(schema)}")
-        if isinstance(inst, float) and not math.isfinite(inst):
-            msg += " (a finite number)"
-        elif isinstance(inst, float) and inst.is_integer() and "integer" in types and not secret:
-            msg += f" (a whole number written as {inst!r}: write {int(inst)})"
-        if _quoted_number(inst, types) and not secret:
-            msg += " (a quoted string: write it unquoted in YAML"
-            if len(parts) == 1:  # `-e bench_x=2` gives the string '2'
-                msg += f"; on the command line pass JSON: -e '{{\"{PREFIX}{parts[0]}\": {inst}}}'"
-            msg += ")"
-        return [msg]
-    if kind == "enum":
-        return [f"{where}: {shown(inst, secret)} is not one of {', '.join(map(str, err.validator_value))}"]
-    if kind == "required":
-        missing = [k for k in err.validator_value if isinstance(inst, dict) and k not in inst]
-        cond = ""
-        if "then" in list(err.schema_path) and isinstance(inst, dict):
-            cond = f" for method {inst.get('method')}"
-        props = schema.get("properties") or {}
-        if not props and "then" in list(err.schema_path):
-            props = _config["properties"]
-        return [f"{_path([*parts, k])}: is required{cond}; allowed: {allowed(props.get(k, {}))}" for k in missing]
-    if kind == "additionalProperties":
-        names = sorted(schema.get("properties", {}))
-        extra = [k for k in inst if k not in names] if isinstance(inst, dict) else []
-        if not parts:
-            return [f"{PREFIX}{k}: not a variable of the matrix; allowed: "
-                    + ", ".join(PREFIX + n for n in names) for k in extra]
-        return [f"{_path([*parts, k])}: unknown key; allowed keys: {', '.join(names)}" for k in extra]
-    if kind == "not" and isinstance(inst, dict) and inst.get("budget") is not None:
-        return [f"{where}.budget: only method ddtree takes a budget (this config's method is "
-                f"{inst.get('method')!r}); remove it or use method ddtree"]
-    if kind in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
-        text = err.message if len(err.message) <= 100 else f"{shown(inst, secret)} is out of range"
-        return [f"{where}: {text}; allowed: {allowed(schema)}"]
-    if kind == "minItems":
-        n = err.validator_value
-        return [f"{where}: {shown(inst, secret)} should be non-empty (at least {n} item{'s' if n > 1 else ''})"]
-    if kind == "minLength":
-        return [f"{where}: {shown(inst, secret)} should be non-empty (at least {err.validator_value} character)"]
-    if kind == "maxLength":
-        return [f"{where}: is {len(inst)} characters long; allowed: at most {err.validator_value} (a long context "
-                f"comes from context_tokens, built on the host)"]
-    if kind == "pattern" and err.validator_value == _ENV_NAME:
-        return [f"{where}: {shown(inst, False)} is not a valid environment variable name; allowed: {_ENVNAME_TEXT}"]
-    if kind == "pattern" and err.validator_value == _NO_NUL:
-        return [f"{where}: contains a NUL byte, which no argument or environment value can hold; allowed: text "
-                f"without NUL bytes"]
-    if kind == "pattern" and err.validator_value == pack.CPU_LIST.pattern:
-        return [f"{where}: {shown(inst, False)} is not a CPU list; allowed: CPU numbers and ranges separated by "
-                f"commas, as taskset takes them (e.g. 0-3,8)"]
-    if kind == "pattern":
-        text = NAME_TEXT if err.validator_value == _NAME else f"a string matching {err.validator_value}"
-        return [f"{where}: {shown(inst, secret)} is not a valid name; allowed: {text}"]
-    if kind == "uniqueItems" and isinstance(inst, list):
-        dup = next((v for i, v in enumerate(inst) if v in inst[:i]), None)
-        return [f"{where}: {shown(dup, secret)} appears more than once; allowed: {allowed(schema)}"]
-    text = err.message if len(err.message) <= 200 and not secret else f"invalid ({kind})"
-    return [f"{where}: {text}; allowed: {allowed(schema)}"]
-
-
-def _is_integer(_checker: Any, value: Any) -> bool:
-    """Integers only: not booleans, and not floats that happen to be whole (`1.0` would reach commands as 1.0)."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(_checker: Any, value: Any) -> bool:
-    """Finite numbers only: `.nan` and `.inf` are no timeout, temperature or rate."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and (isinstance(value, int)
-                                                                                or math.isfinite(value))
-
-
-def _schema_errors(suite: Any) -> list[str]:
-    import jsonschema
-
-    base = jsonschema.Draft202012Validator
-    checker = base.TYPE_CHECKER.redefine_many({"integer": _is_integer, "number": _is_number})
-    validator = jsonschema.validators.extend(base, type_checker=checker)(SCHEMA)
-    msgs: list[str] = []
-    for err in sorted(validator.iter_errors(suite), key=lambda e: list(map(str, e.absolute_path))):
-        for msg in _format(err):
-            if msg not in msgs:
-                msgs.append(msg)
-    return msgs
 
 
 def label(cfg: dict[str, Any]) -> str:
@@ -432,7 +90,7 @@ def _secret_errors(suite: dict[str, Any], secrets_hidden: bool) -> list[str]:
     if not secrets_hidden:
         for parts, value in _strings(suite):
             if PLACEHOLDER.search(value):
-                errors.append(f"{_path(parts)}: holds text of the form <secret:N>, which marks hidden secrets on "
+                errors.append(f"{field_path(parts)}: holds text of the form <secret:N>, which marks hidden secrets on "
                               f"the way to the host; allowed: any other text")
     bind = suite["bind_host"]
     try:
@@ -452,110 +110,6 @@ def _secret_errors(suite: dict[str, Any], secrets_hidden: bool) -> list[str]:
         errors.append(f"{PREFIX}api_key: servers bound to {bind} are reachable from the network and need an API "
                       f"key of at least 16 characters (keep it in a vault); or set {PREFIX}bind_host: 127.0.0.1")
     return errors
-
-
-FILE_LINE = ('one JSON object per line, {"name": ..., "prompt": "..."} or {"name": ..., "messages": [{"role": ..., '
-             '"content": ...}, ...]}')
-_MESSAGE = {"role": "a non-empty string", "content": "a string"}
-_MESSAGES = "a list of at least 1 mapping with keys role (a non-empty string) and content (a string)"
-
-
-def _text_problem(value: Any, non_empty: bool) -> str | None:
-    """What keeps `value` from being a prompt's text, and what is allowed; None when it is one."""
-    kind = "a non-empty string" if non_empty else "a string"
-    if not isinstance(value, str) or non_empty and not value:
-        return f"{shown(value, False)} is not {kind}; allowed: {kind}"
-    if "\x00" in value:
-        return "holds a NUL byte; allowed: text without NUL bytes"
-    if len(value) > MAX_PROMPT_CHARS:
-        return (f"is {len(value)} characters long; allowed: at most {MAX_PROMPT_CHARS} (a long context comes from "
-                f"context_tokens, built on the host)")
-    if PLACEHOLDER.search(value):
-        return ("holds text of the form <secret:N>, which marks hidden secrets on the way to the host; allowed: any "
-                "other text")
-    return None
-
-
-def _workload_problems(obj: Any) -> list[tuple[str, str]]:
-    """(field, what is wrong; allowed: what) for the prompt of one line of a workloads file (not its name)."""
-    if not isinstance(obj, dict):
-        return [("", f"{_type_of(obj)}, not a mapping; allowed: {FILE_LINE}")]
-    out = [(str(k), "unknown field; allowed: name, prompt, messages") for k in obj
-           if k not in ("name", "prompt", "messages")]
-    given = [k for k in ("prompt", "messages") if k in obj]
-    if len(given) != 1:
-        what = "both given" if given else "neither given"
-        return out + [("prompt, messages", f"{what}; allowed: exactly one of prompt (text) or messages ({_MESSAGES})")]
-    if "prompt" in obj:
-        why = _text_problem(obj["prompt"], non_empty=True)
-        return out + ([("prompt", why)] if why else [])
-    messages = obj["messages"]
-    if not isinstance(messages, list) or not messages:
-        return out + [("messages", f"{shown(messages, False)} is not a non-empty list; allowed: {_MESSAGES}")]
-    for i, m in enumerate(messages):
-        at = f"messages[{i}]"
-        if not isinstance(m, dict):
-            out.append((at, f"{_type_of(m)}, not a mapping; allowed: a mapping with keys role and content"))
-            continue
-        out += [(f"{at}.{k}", "unknown field; allowed: role, content") for k in m if k not in ("role", "content")]
-        for key, non_empty in (("role", True), ("content", False)):
-            why = f"missing; allowed: {_MESSAGE[key]}" if key not in m else _text_problem(m[key], non_empty)
-            if why:
-                out.append((f"{at}.{key}", why))
-    total = sum(len(m["content"]) for m in messages if isinstance(m, dict) and isinstance(m.get("content"), str))
-    if total > MAX_PROMPT_CHARS:
-        out.append(("messages", f"hold {total} characters of content; allowed: at most {MAX_PROMPT_CHARS} in all"))
-    return out
-
-
-def _name_problem(obj: dict[str, Any], taken: Mapping[str, str], first: Mapping[str, int]) -> str | None:
-    """What is wrong with the name of a workloads file's line (`first`: the line of each name so far), or None."""
-    name = obj.get("name")
-    if "name" not in obj:
-        return f"missing; allowed: a name of {NAME_TEXT}"
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        return f"{shown(name, False)} is not a valid name; allowed: a name of {NAME_TEXT}"
-    if name in taken:
-        return f"{name!r} is already {taken[name]}; allowed: another name"
-    if name in first:
-        return f"{name!r} is already the name of line {first[name]}; allowed: a name no other line has"
-    return None
-
-
-def read_workloads_file(path: str | None, taken: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
-    """The workloads of `bench_workloads_file` by name (a prompt's text, or its chat messages), and every problem
-    of the file, each naming the file, its line and field. `taken`: names already in use, and by what."""
-    if not path:
-        return {}, []
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        shown = path if path.isprintable() else repr(path)  # the message stays one line
-        return {}, [f"{PREFIX}workloads_file: cannot read {shown}: {exc.strerror or exc}; allowed: a file on the "
-                    f"controller with {FILE_LINE}"]
-    found: dict[str, Any] = {}
-    first: dict[str, int] = {}
-    errors: list[str] = []
-    for n, raw in enumerate(data.split(b"\n"), 1):
-        if not raw.strip():
-            continue
-        at = f"{PREFIX}workloads_file {path} line {n}"
-        try:
-            obj = json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError:
-            errors.append(f"{at}: not UTF-8 text; allowed: {FILE_LINE}")
-            continue
-        except json.JSONDecodeError as exc:
-            errors.append(f"{at}: not valid JSON ({exc.msg} at column {exc.colno}); allowed: {FILE_LINE}")
-            continue
-        named = _name_problem(obj, taken, first) if isinstance(obj, dict) else None
-        problems = ([("name", named)] if named else []) + _workload_problems(obj)
-        if isinstance(obj, dict) and not named:
-            first[obj["name"]] = n
-        errors += [f"{at}, field {fld}: {why}" if fld else f"{at}: {why}" for fld, why in problems]
-        if not problems:
-            found[obj["name"]] = obj.get("prompt", obj.get("messages"))
-    return found, errors
 
 
 @dataclass(frozen=True)
@@ -605,53 +159,6 @@ def owned_flags(engine: Any) -> dict[str, str]:
                          "--data-parallel-size-local", "--dp-size", "--dp", "-dp", "-dpl", "--base-gpu-id",
                          "--gpu-id-step", "--nnodes")},
             **{f: "speculation follows the config's method and its parameters" for f in spec}}
-
-
-LABEL_MAX = 120
-LABEL_TEXT = (f"printable text of at most {LABEL_MAX} characters, without control, format (zero-width, bidirectional) "
-              "or line-separator characters, without letters in look-alike forms or of look-alike scripts mixed, and "
-              "without leading or trailing spaces")
-# Scripts whose letters pass for one another (Latin a, Cyrillic а, Greek α): one name may use one of them only.
-# Latin beside Han, kana or Hangul is common in names and stays allowed (as in UTS #39's restriction levels).
-LOOKALIKE_SCRIPTS = ("LATIN", "CYRILLIC", "GREEK", "ARMENIAN", "CHEROKEE", "COPTIC")
-
-
-def _lookalikes(value: str) -> list[str]:
-    """Letters and digits in a compatibility form of another (fullwidth, mathematical, circled, superscript: NFKC
-    changes them), and, where a name mixes look-alike scripts, the letters outside its main one; each as U+XXXX
-    NAME."""
-    def named(c: str) -> str:
-        return f"U+{ord(c):04X} {unicodedata.name(c, '?')}"
-    out = [c for c in value if c.isalnum() and unicodedata.normalize("NFKC", c) != c]
-    by_script: dict[str, list[str]] = {}
-    for c in value:
-        if c.isalpha() and c not in out:
-            script = unicodedata.name(c, "").split(" ", 1)[0]
-            if script in LOOKALIKE_SCRIPTS:
-                by_script.setdefault(script, []).append(c)
-    if len(by_script) > 1:
-        main = max(by_script, key=lambda k: len(by_script[k]))
-        out += [c for script, chars in by_script.items() if script != main for c in chars]
-    return [named(c) for c in dict.fromkeys(out)]
-
-
-def label_problem(value: str) -> str | None:
-    """Why a name shown in plans, reports and plots is not what it looks like (None when it is fine): Unicode
-    control (Cc), format (Cf: zero-width, bidirectional), surrogate, private-use and unassigned characters and
-    line or paragraph separators; letters in look-alike forms or from look-alike scripts mixed (`_lookalikes`);
-    spaces around it; an unreadable length."""
-    bad = [c for c in value if unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")]
-    if bad:
-        return f"holds {', '.join(sorted({f'U+{ord(c):04X}' for c in bad}))}"
-    alike = _lookalikes(value)
-    if alike:
-        return f"holds look-alike letters: {', '.join(alike[:4])}" + (f" and {len(alike) - 4} more" if len(alike) > 4
-                                                                         else "")
-    if value != value.strip():
-        return "has leading or trailing spaces"
-    if len(value) > LABEL_MAX:
-        return f"is {len(value)} characters long"
-    return None
 
 
 def _name_errors(suite: dict[str, Any]) -> list[str]:
@@ -714,7 +221,7 @@ def validate(suite: dict[str, Any], phases: list[str] | None = None, *, secrets_
     """The checked matrix; MatrixError listing every problem, each naming its field. `secrets_hidden`: the
     suite's secrets are already placeholders (secrets.split)."""
     suite = with_defaults(suite)
-    errors = _schema_errors(suite)
+    errors = schema_errors(suite)
     if errors:
         raise MatrixError("\n".join(errors))
     errors += _secret_errors(suite, secrets_hidden)

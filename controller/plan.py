@@ -13,26 +13,20 @@ import shlex
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import yaml
-
 from agent import pack, secrets
 from agent.engines import DISTRIBUTIONS, ENGINES
 from agent.store import redact_argv, redact_env
 from agent.systemd import instance_name
 
-from . import agent_archive, estimate, hostcheck, hub, matrix, passthrough
+from . import agent_archive, estimate, hostcheck, hub, matrix, passthrough, schema_errors, settings
 
 PREFIX = matrix.PREFIX
 ROLE = Path(__file__).resolve().parents[1] / "roles" / "bench"
 
 
 def known_variables() -> set[str]:
-    """Every bench_* variable the role reads: its defaults and its argument specs."""
-    names = set(yaml.safe_load((ROLE / "defaults" / "main.yml").read_text()) or {})
-    specs = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())["argument_specs"]
-    for entry in specs.values():
-        names |= set(entry.get("options") or {})
-    return names | {"bench_run_id"}
+    """Every bench_* variable the role reads: its settings (`controller.settings`) and the run id it fixes."""
+    return {s.name for s in settings.SETTINGS} | {"bench_run_id"}
 
 
 def unknown_variables(task_vars: dict[str, Any]) -> list[str]:
@@ -52,7 +46,7 @@ FALSE = ("false", "no", "0")
 
 
 def _shown(value: Any) -> str:
-    return matrix.shown(value, secret=False)
+    return schema_errors.shown(value, secret=False)
 
 
 def switch(name: str, value: Any, problems: list[str]) -> bool:
@@ -379,7 +373,7 @@ def plausible(host: str, configs: list[dict[str, Any]], suite: dict[str, Any]) -
 def build(args: dict[str, Any], task_vars: dict[str, Any], ask: Ask | None = None) -> dict[str, Any]:
     """The action's result: `failed` with every problem, or the configs, the secret-free suite and the plan.
     `ask(python, request)` runs `agent.probe` on the host (the action's connection) once the matrix passed."""
-    suite = args.get("suite") or {}
+    suite = args["suite"] if "suite" in args else {}
     host = task_vars.get("inventory_hostname", "?")
     problems = unknown_variables(task_vars)
     run = run_checks(args, host, problems)

@@ -13,7 +13,7 @@ from ansible.utils.display import Display
 
 try:
     from agent import probe
-    from controller import plan
+    from controller import plan, settings
 except ImportError as exc:  # ansible-playbook from another Python than the project's
     raise AnsibleError(f"specfleet's controller package is not importable ({exc}): run `make venv` and "
                        f"`. .venv/bin/activate` in the project") from exc
@@ -29,7 +29,11 @@ class ActionModule(ActionBase):
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}
-        result.update(plan.build(dict(self._task.args), task_vars, self._ask))
+        args = dict(self._task.args)
+        if "suite" not in args:  # the role's way: every bench_* variable controller.settings lists, as rendered
+            args["suite"] = settings.suite_from(lambda name: self._templar.template(task_vars.get(name)),
+                                                str(task_vars.get("playbook_dir", ".")))
+        result.update(plan.build(args, task_vars, self._ask))
         if not result.get("failed") and (result["plan_only"] or task_vars.get("ansible_check_mode")):
             display.display("\n".join(result["plan_lines"]))
         return result

@@ -1,12 +1,14 @@
-"""Each default of the matrix is defined once (the `default`s of controller/matrix.py SCHEMA); the role
-documents the same values."""
+"""Each setting of the bench role is defined once (controller/settings.py): the matrix's schema, its defaults and
+the role's defaults/main.yml and meta/argument_specs.yml come from it (the role's files generated, and committed as
+generated), and the plan action reads the variables it lists."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import yaml
 
-from controller import matrix
+from collector.verdict import FAIL_ON
+from controller import matrix, rolefiles, settings
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles/bench"
@@ -58,12 +60,38 @@ SPEC_TYPES = {"integer": "int", "number": "float", "string": "str", "boolean": "
               "object": "dict"}
 
 
-def test_the_role_passes_exactly_the_matrix_keys() -> None:
-    """vars/main.yml maps each bench_* variable of the matrix, and nothing else, into the suite."""
-    suite = yaml.safe_load((ROLE / "vars/main.yml").read_text())["_bench_suite"]
-    assert set(suite) == set(matrix.SCHEMA["properties"])
-    for key, value in suite.items():
-        assert f"bench_{key}" in value, (key, value)
+def test_the_role_files_are_generated_from_the_settings() -> None:
+    assert rolefiles.main(["--check"]) == 0, "run `python -m controller.rolefiles --write`"
+    assert matrix.SCHEMA is settings.SCHEMA and matrix.DEFAULTS is settings.DEFAULTS
+
+
+def test_the_plan_reads_exactly_the_matrix_settings() -> None:
+    """The suite the action validates holds every matrix setting under its key, taken from bench_<key> (no
+    hand-written mapping in the role any more), and nothing else."""
+    seen: list[str] = []
+    suite = settings.suite_from(lambda name: seen.append(name) or f"value of {name}", "/play")
+    assert list(suite) == list(matrix.SCHEMA["properties"]) and seen == [f"bench_{k}" for k in suite]
+    assert suite["workloads_file"] == "/play/value of bench_workloads_file"
+    assert "_bench_suite" not in (ROLE / "vars/main.yml").read_text()
+    assert "_bench_suite" not in "".join(p.read_text() for p in (ROLE / "tasks").glob("*.yml"))
+
+
+def test_every_scalar_number_or_switch_of_the_matrix_takes_its_extra_var_string() -> None:
+    """`-e bench_repetitions=2` and `-e bench_pack=true` arrive as strings: every integer, number or boolean
+    setting of the matrix takes the string as the value it spells, and leaves any other string for the validator."""
+    for s in settings.MATRIX:
+        kind = s.schema.get("type") if s.schema else None
+        if kind in ("integer", "number", "boolean"):
+            assert s.coerce == ("bool" if kind == "boolean" else "number"), s.key
+            got = settings.suite_from(lambda name, k=s.key: {"bench_" + k: "1"}.get(name), "/")[s.key]
+            assert got == (True if kind == "boolean" else 1), s.key
+        else:
+            assert s.coerce is None, s.key
+    assert settings.as_number("ture") == "ture" and settings.as_bool("ture") == "ture"
+
+
+def test_the_report_entry_point_allows_the_collectors_fail_on_values() -> None:
+    assert settings.choices(settings.by_key("fail_on")) == list(FAIL_ON)
 
 
 def test_argument_specs_declare_every_matrix_variable_with_its_schema_type() -> None:
