@@ -112,11 +112,33 @@ def specs_yaml() -> str:
            "# Types are checked here before the role runs; the matrix's structure (methods, workloads, budgets, tp",
            "# against GPU count, duplicate ids) is checked by the bench_plan action, which names the offending field.",
            "argument_specs:"]
+    held: dict[str, set[str]] = {}     # entry -> the names its options hold
+    reuse: dict[str, tuple[str, str]] = {}  # entry -> ("same" or "base", the earlier entry it takes them from)
+    for entry in ENTRY_POINTS:
+        names = held[entry] = {s.name for s in SETTINGS if entry in s.entries}
+        earlier = [e for e in held if e != entry and _same_text(e, entry)]
+        same = [e for e in earlier if held[e] == names]
+        base = [e for e in earlier if held[e] < names]
+        if same or base:
+            reuse[entry] = ("same", same[0]) if same else ("base", base[0])
+    anchored = {earlier for _, earlier in reuse.values()}
     for entry, short in ENTRY_POINTS.items():
-        out += [f"  {entry}:", f"    short_description: {short}", "    options:"]
-        for s in (s for s in SETTINGS if entry in s.entries):
+        kind, earlier = reuse.get(entry, ("", ""))
+        out += [f"  {entry}:", f"    short_description: {short}"]
+        if kind == "same":   # the same options: the alias alone
+            out.append(f"    options: *{earlier}_options")
+            continue
+        out.append("    options:" + (f" &{entry}_options" if entry in anchored else ""))
+        if kind == "base":   # a smaller entry's options merged in, then the rest
+            out.append(f"      <<: *{earlier}_options")
+        for s in (s for s in SETTINGS if entry in s.entries and not (kind and s.name in held[earlier])):
             out += _option(s, entry)
     return "\n".join(out) + "\n"
+
+
+def _same_text(a: str, b: str) -> bool:
+    """Whether entries `a` and `b` describe every setting they share alike (an anchor repeats a's text in b)."""
+    return all(described(s, a) == described(s, b) for s in SETTINGS if a in s.entries and b in s.entries)
 
 
 FILES = {DEFAULTS_FILE: defaults_yaml, SPECS_FILE: specs_yaml}
