@@ -1,4 +1,5 @@
-"""The bench role's `defaults/main.yml` and `meta/argument_specs.yml`, generated from `controller.settings`.
+"""The bench role's `defaults/main.yml` and `meta/argument_specs.yml`, and `docs/settings.md` (every setting in one
+table), generated from `controller.settings`.
 
     python -m controller.rolefiles --write     write both files
     python -m controller.rolefiles --check     exit 1, naming the file, when a committed one differs
@@ -25,8 +26,10 @@ from .settings import (
     spec_type,
 )
 
-ROLE = Path(__file__).resolve().parents[1] / "roles/bench"
+ROOT = Path(__file__).resolve().parents[1]
+ROLE = ROOT / "roles/bench"
 DEFAULTS_FILE, SPECS_FILE = ROLE / "defaults/main.yml", ROLE / "meta/argument_specs.yml"
+DOC_FILE = ROOT / "docs/settings.md"
 WIDTH = 120
 GENERATED = "# Generated from controller/settings.py by `python -m controller.rolefiles --write`: edit it there."
 GROUPS = {
@@ -38,6 +41,8 @@ GROUPS = {
     "service": ["How servers run: `process` (a child process group of the agent) or `systemd` (an instance of",
                 "specfleet-<engine>@.service as an unprivileged user)"],
 }
+TITLES = {"matrix": "What to benchmark: the matrix", "places": "Where things live",
+          "invocation": "How one invocation runs", "service": "How servers run (the systemd backend)"}
 _PLAIN = re.compile(r"^[A-Za-z0-9/_.][A-Za-z0-9/_.\-]*$")
 
 
@@ -141,7 +146,32 @@ def _same_text(a: str, b: str) -> bool:
     return all(described(s, a) == described(s, b) for s in SETTINGS if a in s.entries and b in s.entries)
 
 
-FILES = {DEFAULTS_FILE: defaults_yaml, SPECS_FILE: specs_yaml}
+def _doc_text(text: str) -> str:
+    """An argument spec's description as markdown: C(x) and O(x) as code, pipes escaped for the table."""
+    return re.sub(r"[CO]\(([^()]*(?:\([^()]*\)[^()]*)*)\)", r"`\1`", text).replace("|", "\\|")
+
+
+def settings_md() -> str:
+    """docs/settings.md: every variable, its default and what it does, in the groups of defaults/main.yml."""
+    out = ["# Every setting", "", "<!-- Generated from controller/settings.py by `python -m controller.rolefiles "
+           "--write`: edit it there. -->", "",
+           "The bench role's variables, each defined once in `controller/settings.py`, with its default (as in "
+           "`roles/bench/defaults/main.yml`) and what it does (as in `roles/bench/meta/argument_specs.yml`, where "
+           "each entry point's are checked before the role runs). Set them per host in `host_vars/<host>.yml`, per "
+           "group in `group_vars/`, or for one run with `-e`."]
+    for group in GROUPS:
+        out += ["", f"## {TITLES[group]}", "", "| variable | type | default | what it does |", "|---|---|---|---|"]
+        for s in (s for s in SETTINGS if s.group == group):
+            default = role_default(s)
+            shown = "(required)" if s.required else f"`{scalar(default)}`" if default is not None else ""
+            kind = spec_type(s) + (f" of {s.elements}" if s.elements else "")
+            allowed = f" One of: {', '.join(f'`{c}`' for c in choices(s) or [])}." if choices(s) else ""
+            out.append(f"| `{s.name}` | {kind} | {shown.replace('|', chr(92) + '|')} | "
+                       f"{_doc_text(s.description)}{allowed} |")
+    return "\n".join(out) + "\n"
+
+
+FILES = {DEFAULTS_FILE: defaults_yaml, SPECS_FILE: specs_yaml, DOC_FILE: settings_md}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         elif path.read_text() != text:
             stale.append(path)
     for path in stale:
-        print(f"{path.relative_to(ROLE.parents[1])} differs from controller/settings.py: run "
+        print(f"{path.relative_to(ROOT)} differs from controller/settings.py: run "
               "`python -m controller.rolefiles --write`", file=sys.stderr)
     return 1 if stale else 0
 
