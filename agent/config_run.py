@@ -20,7 +20,7 @@ from . import fit, foreign, gpu, gpusample, probe, startup
 from .classify import Reason, classify, tail
 from .engines import PORT, Engine
 from .leftovers import MARK
-from .measure import Endpoint, Measured, PromptError, measure
+from .measure import Endpoint, Measured, PromptError, gone, measure
 from .pack import Busy, Slot
 from .records import Event, Outcome
 from .server import HeldBack, ProcessServer, Server, StartupFailed, connect_host, free_port
@@ -246,8 +246,10 @@ def _serve(host: Host, cfg: Mapping[str, Any], folder: Path, port: int, slot: Op
                 except PromptError:
                     raise
                 except (OSError, RuntimeError, ValueError) as exc:  # judged while the server is still up
-                    out.reason = Reason.PROMPT_BUILD_FAILED if server.alive() else Reason.CRASHED
-                    out.detail = f"{type(exc).__name__}: {exc}"
+                    detail = f"{type(exc).__name__}: {exc}"
+                    out.reason = Reason.CRASHED if gone(server, [{"ok": False, "error": detail}]) else \
+                        Reason.PROMPT_BUILD_FAILED
+                    out.detail = detail
             if seen is not None:
                 out.fields["cpus_seen"] = seen
             if gate_wait_s is not None:

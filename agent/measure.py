@@ -20,7 +20,7 @@ from . import client, counters, foreign, hostload, records, workloads
 from .classify import Reason, classify, tail
 from .engines import Engine
 from .leftovers import MARK
-from .server import Server, http_status
+from .server import Server, http_status, wait_until
 from .store import now_iso
 
 Prompt = Union[str, List[int]]
@@ -109,6 +109,24 @@ def _timed_out(rows: List[Dict[str, Any]]) -> bool:
     return any(not r["ok"] and ("timed out" in str(r["error"]) or "deadline" in str(r["error"])) for r in rows)
 
 
+# Errors of a request whose server went away (client.stream names the exception's type first). A killed server's
+# sockets close while the kernel still tears the process down, so its client can see these a few milliseconds before
+# the process can be reaped: the rest of the bursts may fail that fast, and the exit must be waited for, not sampled.
+CONNECTION_LOST = ("ConnectionRefusedError", "ConnectionResetError", "ConnectionAbortedError", "BrokenPipeError",
+                   "RemoteDisconnected", "IncompleteRead")
+LOST_WAIT_S = 2.0  # how long a server whose connections were lost is given to be seen exiting
+
+
+def gone(server: Server, rows: List[Dict[str, Any]]) -> bool:
+    """Whether the server exited: at once, or, when a request of `rows` lost its connection, within LOST_WAIT_S.
+    A server that lost a connection and is still running after that is not gone (the requests' errors stay
+    theirs)."""
+    if not server.alive():
+        return True
+    lost = any(not r["ok"] and str(r["error"]).startswith(CONNECTION_LOST) for r in rows)
+    return lost and wait_until(lambda: not server.alive(), LOST_WAIT_S)
+
+
 def order(cells: List[Mapping[str, Any]], seed: int) -> List[Tuple[int, int]]:
     """(repetition, cell index) in run order: round by round (every cell's repetition r before any r + 1),
     each round shuffled by `seed`, and never one cell twice in a row where another can go between."""
@@ -178,7 +196,7 @@ def measure(cfg: Mapping[str, Any], identity: Mapping[str, Any], server: Server,
     [warm], _ = burst(cfg, ep, built[(first["workload"], first["context_tokens"])], cfg["warmup_max_tokens"], 1,
                       "warmup")
     if not warm["ok"]:
-        reason = Reason.CRASHED if not server.alive() else Reason.WARMUP_FAILED
+        reason = Reason.CRASHED if gone(server, [warm]) else Reason.WARMUP_FAILED
         return Measured([], reason, f"warmup request failed: {warm['error']}")
     seed = random.randrange(1 << 31) if seed is None else seed
     out = Measured([], fields={"order_seed": seed, "prompts_s": round(t1 - t0, 3),
@@ -211,7 +229,7 @@ def _timed(cfg: Mapping[str, Any], identity: Mapping[str, Any], server: Server, 
             r["sent_s"], r["done_s"] = round(sent - origin, 6), None if done is None else round(done - origin, 6)
         out.rows += [records.request_row(identity, cell, rep, r) for r in got]
         out.window = (start, time.monotonic())
-        if not server.alive():
+        if gone(server, got):
             out.reason = classify(tail(server.log_text(), 120), Reason.CRASHED)
             out.detail = f"server {server.exit_detail()} during timed requests ({len(out.rows)} requests recorded)"
             return out

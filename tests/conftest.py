@@ -1,7 +1,8 @@
 """Shared test paths, and the markers that say what a test needs and costs, set here by where it lives:
 
 - `playbook`: runs the real ansible-playbook (tests/playbooks, tests/plugins, the role runs in tests/roles);
-- `slow`: minutes — the real CPU engine, test hosts or containers (tests/playbooks, tests/hosts, the role runs);
+- `slow`: minutes — the real CPU engine (wherever a test starts it), test hosts or containers (tests/playbooks,
+  tests/hosts, the role runs);
 - `testhosts`: the systemd-nspawn test hosts (root); `gpu`: a real NVIDIA GPU (tests/gpu);
 - `engine`: the real CPU engine (set by the tests themselves: the claim is the engine's).
 
@@ -39,6 +40,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.testhosts)
         if folder == "gpu":
             item.add_marker(pytest.mark.gpu)
+        if item.get_closest_marker("engine"):  # a real engine server: not for `make test-fast`
+            item.add_marker(pytest.mark.slow)
 
 
 # The work units (`group_of`), each on one worker, one test at a time:
