@@ -90,6 +90,7 @@ class Measurement:
             "itl_p50_s": itl[len(itl) // 2] if itl else None,
             "chunk_gap_mean_s": sum(self.gaps_s) / len(self.gaps_s) if self.gaps_s else None,
             "chunk_gap_p50_s": sorted(self.gaps_s)[len(self.gaps_s) // 2] if self.gaps_s else None,
+            "chunk_gap_max_s": max(self.gaps_s) if self.gaps_s else None,
             "chunk_tokens_mean": sum(self.chunk_tokens) / len(self.chunk_tokens) if self.chunk_tokens else None,
             "chunks": self.chunks, "finish_reason": self.finish_reason,
             "accept_length": self.accept_length, "spec_steps": self.spec_steps,

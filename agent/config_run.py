@@ -111,8 +111,11 @@ class Result:
 
 def config_digest(cfg: Mapping[str, Any]) -> str:
     """Identifies what a config measures; a kept result must have been made by the same config
-    (secrets aside: a new token does not invalidate a result)."""
+    (secrets aside: a new token does not invalidate a result; nor new latency limits)."""
     keep = {k: v for k, v in cfg.items() if k not in ("estimate_s", "estimate_ready_s", "estimate_source", "timeouts")}
+    if isinstance(cfg.get("cells"), list):  # a cell's latency limits are the report's: they measure nothing
+        keep["cells"] = [{k: v for k, v in c.items() if k != "slo"} if isinstance(c, dict) else c
+                         for c in cfg["cells"]]
     keep.update(env=redact_env(cfg.get("env", {})), command=redact_argv(cfg.get("command", [])),
                 server_args=redact_argv(cfg.get("server_args", [])))
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]

@@ -119,8 +119,11 @@ def check(shape: Shape, weights: int, drafter: int, gpu_mib: int, fraction: Opti
 
 
 def largest_tokens(cells: Sequence[Mapping[str, Any]], warmup_max_tokens: int = 0) -> int:
-    """The most tokens in the KV cache at once for a config's cells: (context + output) × concurrency."""
-    return max([(c["context_tokens"] + c["max_tokens"]) * c["concurrency"] for c in cells] + [warmup_max_tokens])
+    """The most tokens in the KV cache at once for a config's cells: (context + output) × concurrency; for an
+    open-loop cell one request's (its server queues what does not fit, and the queueing is part of what it
+    measures)."""
+    return max([(c["context_tokens"] + c["max_tokens"]) * (c["concurrency"] or 1) for c in cells]
+               + [warmup_max_tokens])
 
 
 def judge(cfg: Mapping[str, Any], engine: str, argv: Sequence[str], gpu_mib: int, model: Mapping[str, Any],

@@ -1,6 +1,6 @@
 """The timed requests of one config against its ready server: prompts built with the server's own
-tokenizer, an untimed warmup, then every cell's repetitions as bursts of concurrent requests, with a progress event
-now and then (`Pace`).
+tokenizer, an untimed warmup, then every cell's repetitions, as bursts of concurrent requests (closed loop) or
+requests sent on a schedule (open loop, `arrivals`), with a progress event now and then (`Pace`).
 
 `measure` returns the request rows and how the config ended; it never stops the server.
 """
@@ -16,7 +16,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Dict, List, Mapping, Optional, Tuple, Union
 
-from . import client, counters, foreign, hostload, records, workloads
+from . import arrivals, client, counters, foreign, hostload, records, workloads
 from .classify import Reason, classify, tail
 from .engines import Engine
 from .leftovers import MARK
@@ -103,6 +103,23 @@ def burst(cfg: Mapping[str, Any], ep: Endpoint, prompt: Prompt, max_tokens: int,
     with ThreadPoolExecutor(max_workers=n) as pool:
         rows = list(pool.map(one, range(n)))
     return rows, time.monotonic() - t0
+
+
+def open_loop(cfg: Mapping[str, Any], ep: Endpoint, prompt: Prompt, cell: Mapping[str, Any], rep: int,
+              tag: str) -> Tuple[List[Dict[str, Any]], float]:
+    """One repetition of an open-loop cell: its requests sent on the cell's schedule (`arrivals.schedule`), each
+    when it is due whether or not the earlier ones finished; each row keeps when it was due (`t_due`) beside
+    when it was sent. And the seconds from the schedule's start to the last request's end."""
+    deadline = cfg["timeouts"]["request_s"]
+    offsets = arrivals.schedule(cell, rep)
+    bodies = [ep.engine.request(cfg["model"]["name"], prompt, cell["max_tokens"], cfg["sampling"],
+                                salt=f"{tag}-{slot}-{uuid.uuid4().hex[:8]}") for slot in range(len(offsets))]
+
+    def one(slot: int, due: float) -> Dict[str, Any]:
+        return {"slot": slot, "started_at": now_iso(), "t_due": due,
+                **client.stream(ep.engine, ep.port, bodies[slot], deadline, ep.host, ep.headers)}
+
+    return arrivals.send(offsets, one)
 
 
 def _timed_out(rows: List[Dict[str, Any]]) -> bool:
@@ -204,7 +221,7 @@ def measure(cfg: Mapping[str, Any], identity: Mapping[str, Any], server: Server,
     with timed() if timed is not None else nullcontext(0.0) as waited:
         if waited:
             out.fields["waited_for_neighbours_s"] = round(waited, 3)
-        total = sum(c["concurrency"] * c["repetitions"] for c in cfg["cells"])
+        total = sum(records.requests_of(c) * c["repetitions"] for c in cfg["cells"])
         return _timed(cfg, identity, server, ep, built, seed, out, Pace(events, identity["config_id"], total,
                                                                          progress_s))
 
@@ -219,14 +236,19 @@ def _timed(cfg: Mapping[str, Any], identity: Mapping[str, Any], server: Server, 
     start = time.monotonic()
     for rep, i in order(cfg["cells"], seed):
         cell = cfg["cells"][i]
-        got, seconds = burst(cfg, ep, built[(cell["workload"], cell["context_tokens"])], cell["max_tokens"],
-                             cell["concurrency"], f"c{i}r{rep}")
+        prompt = built[(cell["workload"], cell["context_tokens"])]
+        if cell.get("request_rate") is not None:
+            got, seconds = open_loop(cfg, ep, prompt, cell, rep, f"c{i}r{rep}")
+        else:
+            got, seconds = burst(cfg, ep, prompt, cell["max_tokens"], cell["concurrency"], f"c{i}r{rep}")
         out.timed_s += seconds
         pace.burst(got)
         origin = min(r["t_sent"] for r in got) if origin is None else origin
         for r in got:  # seconds since the first timed request was sent: bursts can be rebuilt from the rows
-            sent, done = r.pop("t_sent"), r.pop("t_done")
+            sent, done, due = r.pop("t_sent"), r.pop("t_done"), r.pop("t_due", None)
             r["sent_s"], r["done_s"] = round(sent - origin, 6), None if done is None else round(done - origin, 6)
+            if due is not None:
+                r["scheduled_s"] = round(due - origin, 6)
         out.rows += [records.request_row(identity, cell, rep, r) for r in got]
         out.window = (start, time.monotonic())
         if gone(server, got):

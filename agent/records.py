@@ -12,8 +12,12 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 SCHEMA_VERSION = 1
-# A cell within a config: one prompt workload at one length, context and concurrency.
-CELL = ("workload", "max_tokens", "context_tokens", "concurrency")
+# A cell within a config: one prompt workload at one length and context, under one load: `concurrency` requests
+# released together (closed loop), or, for an open-loop cell, requests sent at `request_rate` per second
+# (concurrency 0; a closed-loop cell has no request_rate, read as None).
+CELL = ("workload", "max_tokens", "context_tokens", "concurrency", "request_rate")
+OPEN_LOOP = ("request_rate", "arrival", "requests", "seed")  # what an open-loop cell adds to the grid's point
+INF = "inf"  # request_rate of an open-loop cell that sends all its requests at once
 # What a request row carries of its config, so each row pairs with its baseline on its own.
 IDENTITY = ("host", "config_id", "method", "method_params", "tp", "engine", "model", "phase")
 
@@ -69,7 +73,9 @@ REQUEST = (
     _f("workload", "string", "prompt id"),
     _f("max_tokens", "integer", "requested output length"),
     _f("context_tokens", "integer", "target prompt length in tokens, 0 for the plain prompt"),
-    _f("concurrency", "integer", "requests in flight together"),
+    _f("concurrency", "integer", "requests released together (closed loop); 0 for an open-loop cell"),
+    _f("request_rate", "number|string|null", "open-loop cells only: requests per second of the schedule, \"inf\" "
+       "when all were due at once", required=False),
     _f("rep", "integer", "repetition index, from 0"),
     _f("slot", "integer", "which of the concurrent requests", required=False),
     _f("started_at", "string", "when the request was sent (UTC, ISO 8601)", required=False),
@@ -96,8 +102,12 @@ REQUEST = (
     _f("spec_steps", "integer|null", "verify steps of the request as the server counts them (speculative configs)",
        required=False),
     _f("spec_accepted_tokens", "integer|null", "draft tokens accepted over those steps", required=False),
+    _f("chunk_gap_max_s", "number|null", "the longest wait between two content chunks (what a reader of the stream "
+       "waits at worst; a whole verify step under speculation)", required=False),
     _f("sent_s", "number", "when it was sent, in seconds after the config's first timed request was sent",
        required=False),
+    _f("scheduled_s", "number", "open-loop cells only: when it was due by the schedule, on the clock of sent_s "
+       "(sent_s - scheduled_s: how late the client sent it)", required=False),
     _f("done_s", "number|null", "when its last byte arrived, on the same clock as sent_s", required=False),
     _f("ok", "boolean", "false when the request errored"),
     _f("error", "string|null", "the error when not ok", required=False),
@@ -199,7 +209,9 @@ CONFIG = (
     _f("server_args", "array", "extra server arguments"),
     _f("sampling", "object", "temperature, ignore_eos"),
     _f("warmup_max_tokens", "integer", "output length of the untimed warmup request"),
-    _f("cells", "array", "the cells measured: workload, max_tokens, context_tokens, concurrency, repetitions"),
+    _f("cells", "array", "the cells measured: workload, max_tokens, context_tokens, concurrency, repetitions; an "
+       "open-loop cell also request_rate, arrival (poisson or constant), requests (per repetition) and seed (of its "
+       "arrivals, the same for every config); slo: the latency limits its requests are judged by"),
     _f("requests", "integer", "timed requests planned"),
     _f("command", "array", "the exact launch command, secrets redacted"),
     _f("environment", "object", "the config's environment, secrets redacted"),
@@ -252,6 +264,8 @@ def request_problem(row: Any, config_id: str) -> str | None:
         return why
     if row["ok"] and not _is(row.get("output_tok_s"), "number"):
         return "ok request without output_tok_s"
+    if not rate_ok(row.get("request_rate")):
+        return f"field 'request_rate' should be a number above 0 or \"inf\", got {row['request_rate']!r}"[:300]
     if row["config_id"] != config_id:
         return f"config_id {row['config_id']!r} is not its folder's ({config_id!r})"
     return None
@@ -297,13 +311,31 @@ def read_requests(path: Path, problems: list[str]) -> list[dict[str, Any]]:
 
 def request_row(identity: Mapping[str, Any], cell: Mapping[str, Any], rep: int,
                 measured: Mapping[str, Any]) -> dict[str, Any]:
-    """One line of requests.jsonl: the config's identity, the cell, the repetition and the measurement."""
-    return {**{k: identity[k] for k in IDENTITY}, **{k: cell[k] for k in CELL}, "rep": rep, **measured}
+    """One line of requests.jsonl: the config's identity, the cell (request_rate only for an open-loop cell), the
+    repetition and the measurement."""
+    return {**{k: identity[k] for k in IDENTITY}, **{k: cell[k] for k in CELL if k in cell}, "rep": rep, **measured}
+
+
+def rate(value: Any) -> float | None:
+    """A request_rate as a number: None for a closed-loop cell, math.inf for "inf"."""
+    if value is None:
+        return None
+    return math.inf if value == INF else float(value)
+
+
+def rate_ok(value: Any) -> bool:
+    """Whether a request_rate is one: absent (None), a number above 0, or "inf"."""
+    return value is None or value == INF or (_is(value, "number") and value > 0)
 
 
 def cell_key(obj: Mapping[str, Any]) -> tuple[Any, ...]:
-    """A cell's key within a config, from a cell or a request row."""
-    return tuple(obj.get(k) for k in CELL)
+    """A cell's key within a config, from a cell or a request row (request_rate as `rate` gives it)."""
+    return (*(obj.get(k) for k in CELL[:-1]), rate(obj.get("request_rate")))
+
+
+def requests_of(cell: Mapping[str, Any]) -> int:
+    """Requests of one repetition of a cell: its concurrency, or an open-loop cell's `requests`."""
+    return cell["requests"] if cell.get("request_rate") is not None else cell["concurrency"]
 
 
 def json_schema(name: str) -> dict[str, Any]:

@@ -63,12 +63,25 @@ def history(results: Path, host: str) -> dict[tuple[Any, ...], Evidence]:
     return {k: v for k, (_, v) in found.items()}
 
 
+def _burst_s(n: int, max_tokens: int, context_tokens: int, tok_s: float, prefill_tok_s: float) -> float:
+    return max_tokens / tok_s * (1 + 0.25 * (n - 1)) + context_tokens * n / prefill_tok_s
+
+
+def cell_seconds(c: Mapping[str, Any], tok_s: float, prefill_tok_s: float) -> float:
+    """One repetition of a cell: a burst of `concurrency` requests (output at tok_s, a little slower per extra
+    request in flight; the context at the prefill speed); an open-loop cell's schedule, then its last request
+    (all at once, for "inf": a burst of them all)."""
+    rate = c.get("request_rate")
+    if rate is None:
+        return _burst_s(c["concurrency"], c["max_tokens"], c["context_tokens"], tok_s, prefill_tok_s)
+    if rate == "inf":
+        return _burst_s(c["requests"], c["max_tokens"], c["context_tokens"], tok_s, prefill_tok_s)
+    return (c["requests"] - 1) / rate + _burst_s(1, c["max_tokens"], c["context_tokens"], tok_s, prefill_tok_s)
+
+
 def seconds(cells: Iterable[Mapping[str, Any]], startup_s: float, tok_s: float, prefill_tok_s: float) -> float:
-    """A config's time: startup, then each cell's repetitions (output at tok_s, a little slower per extra request
-    in flight; the context at the prefill speed)."""
-    return startup_s + sum(c["repetitions"] * (c["max_tokens"] / tok_s * (1 + 0.25 * (c["concurrency"] - 1))
-                                               + c["context_tokens"] * c["concurrency"] / prefill_tok_s)
-                           for c in cells)
+    """A config's time: startup, then each cell's repetitions (`cell_seconds`)."""
+    return startup_s + sum(c["repetitions"] * cell_seconds(c, tok_s, prefill_tok_s) for c in cells)
 
 
 def apply(configs: list[dict[str, Any]], profile: Mapping[str, float],

@@ -313,6 +313,7 @@ def validate(suite: dict[str, Any], phases: list[str] | None = None, *, secrets_
                                   f"max_model_len {max_len} (context {context}, max_tokens {out_len}); "
                                   f"allowed: context_tokens + max_tokens <= {max_len} ({PREFIX}model.max_model_len)")
         errors += batch_problems(suite, phase, where, engine)
+        errors += open_loop_problems(suite, phase, where)
     errors += pack.problems(suite, gpus, PREFIX)
     for p in phases or []:
         if p not in names:
@@ -361,13 +362,69 @@ def batch_problems(suite: dict[str, Any], phase: dict[str, Any], where: str, eng
     return out
 
 
-def _cells(suite: dict[str, Any], sweep: dict[str, Any]) -> list[dict[str, int | str]]:
-    """A sweep's grid, one cell (records.CELL: workload, max_tokens, context_tokens, concurrency) per point."""
-    return [dict(zip(records.CELL, (w, mt, ctx, c)))
+def open_requests(sweep: Mapping[str, Any], rate: Any) -> int | None:
+    """Requests per repetition of a sweep's open-loop cell at `rate`: its `requests`, else `duration_s` worth of
+    the schedule (at least one); None when neither says (or "inf" with a duration only)."""
+    if "requests" in sweep:
+        return sweep["requests"]
+    if "duration_s" in sweep and rate != records.INF:
+        return max(1, round(rate * sweep["duration_s"]))
+    return None
+
+
+def open_loop_problems(suite: dict[str, Any], phase: dict[str, Any], where: str) -> list[str]:
+    """An open-loop sweep without a request count; one cell measured by two sweeps that say differently how
+    (arrival, requests, seed, latency limits): its rows could not tell which they measured."""
+    out: list[str] = []
+    for j, sweep in enumerate(phase["sweeps"]):
+        sw = f"{where}.sweeps[{j}]"
+        for rate in sweep.get("request_rates", []):
+            if open_requests(sweep, rate) is None:
+                out.append(f"{sw}.requests: is required for request rate {rate}"
+                           + (" (a duration gives no count when every request is due at once)"
+                              if "duration_s" in sweep else "")
+                           + "; allowed: the requests each repetition sends (or duration_s for a finite rate)")
+                break
+    if out:
+        return out
+    seen: dict[str, tuple[str, str]] = {}  # cell -> (its sweep, what it says beside the grid's point)
+    for cfg in phase["configs"]:
+        for j, sweep in enumerate(phase["sweeps"]):
+            if not measures(sweep, cfg):
+                continue
+            for cell in _cells(suite, sweep):
+                key = json.dumps(records.cell_key(cell))
+                how = json.dumps({k: cell.get(k) for k in ("arrival", "requests", "seed", "slo")}, sort_keys=True)
+                first = seen.setdefault(key, (f"{where}.sweeps[{j}]", how))
+                if first[1] != how:
+                    out.append(f"{where}.sweeps[{j}]: measures cell {_cell_words(cell)} of {phase['name']}-"
+                               f"{label(cfg)} as {first[0]} does, with other arrival, requests, seed or slo; "
+                               f"allowed: one way per cell (give the cell to one sweep, or the same settings)")
+                    return out
+    return out
+
+
+def _cell_words(cell: Mapping[str, Any]) -> str:
+    load = (f"{cell['request_rate']} req/s" if cell.get("request_rate") is not None
+            else f"concurrency {cell['concurrency']}")
+    return f"({cell['workload']}, {cell['max_tokens']} tok, context {cell['context_tokens']}, {load})"
+
+
+def _cells(suite: dict[str, Any], sweep: dict[str, Any]) -> list[dict[str, Any]]:
+    """A sweep's grid, one cell (records.CELL) per point: each concurrency (closed loop), then each request rate
+    (open loop: concurrency 0, with its arrival, requests per repetition and seed); the latency limits the
+    report judges its requests by (`slo`: the sweep's, else bench_slo) where there are any."""
+    loads: list[dict[str, Any]] = [{"concurrency": c} for c in sweep.get("concurrency", [] if
+                                                                         "request_rates" in sweep else [1])]
+    for rate in sweep.get("request_rates", []):
+        loads.append({"concurrency": 0, "request_rate": rate, "arrival": sweep.get("arrival", "poisson"),
+                      "requests": open_requests(sweep, rate), "seed": sweep.get("seed", 0)})
+    slo = sweep.get("slo") or suite.get("slo") or {}
+    return [{"workload": w, "max_tokens": mt, "context_tokens": ctx, **load, **({"slo": dict(slo)} if slo else {})}
             for w in sweep["workloads"]
             for mt in sweep.get("max_tokens", suite["max_tokens"])
             for ctx in sweep.get("context_tokens", [0])
-            for c in sweep.get("concurrency", [1])]
+            for load in loads]
 
 
 def expand(checked: Matrix | dict[str, Any], phases: list[str] | None = None, *, secrets_hidden: bool = False
@@ -423,7 +480,7 @@ def expand(checked: Matrix | dict[str, Any], phases: list[str] | None = None, *,
                 argv, env = engine.auth(suite["api_key"])
                 resolved["command"] += argv
                 resolved["env"].update(env)
-            resolved["requests"] = sum(c["concurrency"] * c["repetitions"] for c in cells)
+            resolved["requests"] = sum(records.requests_of(c) * c["repetitions"] for c in cells)
             resolved["estimate_s"] = round(estimate.seconds(cells, est["startup_s"], est["tok_s"],
                                                             est["prefill_tok_s"]), 1)
             out.append(resolved)

@@ -13,7 +13,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from agent import pack, secrets
+from agent import pack, records, secrets
 from agent.engines import DISTRIBUTIONS, ENGINES
 from agent.store import redact_argv, redact_env
 from agent.systemd import instance_name
@@ -126,7 +126,7 @@ def trim(configs: list[dict[str, Any]], selected: bool) -> list[dict[str, Any]]:
                 base["cells"] = [x for x in base["cells"] if _cell_key(x) in used]
                 base["prompts"] = {w: t for w, t in base["prompts"].items()
                                    if any(x["workload"] == w for x in base["cells"])}
-                base["requests"] = sum(x["concurrency"] * x["repetitions"] for x in base["cells"])
+                base["requests"] = sum(records.requests_of(x) * x["repetitions"] for x in base["cells"])
     return [c for c in configs if c["cells"]]
 
 
@@ -168,6 +168,17 @@ def _hms(seconds: float) -> str:
 def _axis(cells: list[dict[str, Any]], key: str) -> str:
     values = sorted({c[key] for c in cells}, key=lambda v: (isinstance(v, str), v))
     return ",".join(str(v) for v in values)
+
+
+def _loads(cells: list[dict[str, Any]]) -> str:
+    """`concurrency 1,4`, `request rates 2,8,inf/s (poisson, 16 requests)` or both: the loads of a config's cells."""
+    closed = [c for c in cells if c.get("request_rate") is None]
+    opened = [c for c in cells if c.get("request_rate") is not None]
+    out = [f"concurrency {_axis(closed, 'concurrency')}"] if closed else []
+    if opened:
+        out.append(f"request rates {_axis(opened, 'request_rate')}/s ({_axis(opened, 'arrival')}, "
+                   f"{_axis(opened, 'requests')} requests)")
+    return "; ".join(out)
 
 
 def _quote(arg: str) -> str:
@@ -229,8 +240,7 @@ def describe(host: str, configs: list[dict[str, Any]], suite: dict[str, Any] | N
             "    env: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(redact_env(c["env"]).items())),
             "    cmd: " + " ".join(_quote(a) for a in redact_argv(c["command"])),
             f"    cells over: workloads {_axis(cells, 'workload')}; max_tokens {_axis(cells, 'max_tokens')}; "
-            f"context {_axis(cells, 'context_tokens')}; concurrency {_axis(cells, 'concurrency')}; "
-            f"reps {_axis(cells, 'repetitions')}",
+            f"context {_axis(cells, 'context_tokens')}; {_loads(cells)}; reps {_axis(cells, 'repetitions')}",
         ]
         if systemd:
             lines.append(f"    unit: specfleet-{c['engine']}@{instance_name(c['config_id'])}.service "

@@ -12,7 +12,7 @@ from .settings import CONFIG_SCHEMA as _config
 from .settings import ENV_NAME_PATTERN as _ENV_NAME
 from .settings import ENV_NAME_TEXT as _ENVNAME_TEXT
 from .settings import NAME_PATTERN as _NAME
-from .settings import NAME_TEXT, PREFIX, SCHEMA
+from .settings import NAME_TEXT, PREFIX, RATE_INF_PATTERN, RATE_TEXT, SCHEMA
 from .settings import NO_NUL as _NO_NUL
 
 
@@ -161,9 +161,16 @@ def _format(err: Any) -> list[str]:
             return [f"{PREFIX}{k}: not a variable of the matrix; allowed: "
                     + ", ".join(PREFIX + n for n in names) for k in extra]
         return [f"{field_path([*parts, k])}: unknown key; allowed keys: {', '.join(names)}" for k in extra]
+    if kind == "dependentRequired" and isinstance(inst, dict):
+        return [f"{field_path([*parts, k])}: applies to open-loop cells only, and this sweep has no "
+                f"{', '.join(needs)}; allowed: give request_rates too, or remove {k}"
+                for k, needs in err.validator_value.items() if k in inst and any(n not in inst for n in needs)]
     if kind == "not" and isinstance(inst, dict) and inst.get("budget") is not None:
         return [f"{where}.budget: only method ddtree takes a budget (this config's method is "
                 f"{inst.get('method')!r}); remove it or use method ddtree"]
+    if kind in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum") and schema.get("pattern") == \
+            RATE_INF_PATTERN:
+        return [f"{where}: {shown(inst, False)} is not a request rate; allowed: {RATE_TEXT}"]
     if kind in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
         text = err.message if len(err.message) <= 100 else f"{shown(inst, secret)} is out of range"
         return [f"{where}: {text}; allowed: {allowed(schema)}"]
@@ -183,6 +190,8 @@ def _format(err: Any) -> list[str]:
     if kind == "pattern" and err.validator_value == pack.CPU_LIST.pattern:
         return [f"{where}: {shown(inst, False)} is not a CPU list; allowed: CPU numbers and ranges separated by "
                 f"commas, as taskset takes them (e.g. 0-3,8)"]
+    if kind == "pattern" and err.validator_value == RATE_INF_PATTERN:
+        return [f"{where}: {shown(inst, False)} is not a request rate; allowed: {RATE_TEXT}"]
     if kind == "pattern":
         text = NAME_TEXT if err.validator_value == _NAME else f"a string matching {err.validator_value}"
         return [f"{where}: {shown(inst, secret)} is not a valid name; allowed: {text}"]

@@ -77,8 +77,22 @@ SLOTS_SCHEMA = {"type": "array", "items": {
     "properties": {"gpus": {"type": "array", "minItems": 1, "uniqueItems": True,
                             "items": {"type": "integer", "minimum": 0}},
                    "cpus": {"type": ["string", "integer"], "minimum": 0, "pattern": pack.CPU_LIST.pattern}}}}
+# Open-loop load: a rate of requests per second (or "inf", all at once) and how many requests a cell sends
+MAX_RATE, MAX_OPEN_REQUESTS = 1_000_000, 100_000
+RATE_INF_PATTERN = "^inf\\Z"
+RATE_TEXT = f'a number of requests per second > 0 and <= {MAX_RATE}, or "inf" (every request due at once)'
+_rate = {"type": ["number", "string"], "exclusiveMinimum": 0, "maximum": MAX_RATE, "pattern": RATE_INF_PATTERN}
+ARRIVALS = ("poisson", "constant")
+SLO_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")  # a request meets the limits when it is within every one given
+SLO_SCHEMA = {
+    "type": "object", "additionalProperties": False, "minProperties": 1,
+    "properties": {**{k: {"type": "number", "exclusiveMinimum": 0, "maximum": 86_400_000} for k in SLO_KEYS},
+                   "attainment": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}},
+}
+OPEN_LOOP_ONLY = ("arrival", "requests", "duration_s", "seed")
 _sweep = {
     "type": "object", "required": ["workloads"], "additionalProperties": False,
+    "dependentRequired": {k: ["request_rates"] for k in OPEN_LOOP_ONLY},
     "properties": {
         "name": {"type": "string"},
         "workloads": {"type": "array", "minItems": 1, "items": {"type": "string"}, "uniqueItems": True},
@@ -86,6 +100,12 @@ _sweep = {
         "context_tokens": {"type": "array", "minItems": 1, "uniqueItems": True,
                            "items": {"type": "integer", "minimum": 0, "maximum": MAX_CONTEXT}},
         "concurrency": _concurrency_list,
+        "request_rates": {"type": "array", "minItems": 1, "uniqueItems": True, "items": _rate},
+        "arrival": {"enum": list(ARRIVALS)},
+        "requests": {**_pos_int, "maximum": MAX_OPEN_REQUESTS},
+        "duration_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 86_400},
+        "seed": {"type": "integer", "minimum": 0},
+        "slo": SLO_SCHEMA,
         "repetitions": _repetitions,
         "methods": {"type": "array", "items": {"type": "string"}},
     },
@@ -216,6 +236,13 @@ SETTINGS: tuple[Setting, ...] = (
                 "ignore_eos": {"type": "boolean", "default": False}}}),
     Setting("repetitions", "Repetitions of every cell unless a sweep says otherwise.",
             {**_repetitions, "default": 3}, coerce="number"),
+    Setting("slo",
+            "Latency limits a request must meet to count towards goodput, unless a sweep gives its own C(slo): any of "
+            "C(ttft_ms), C(tpot_ms), C(itl_ms) (the longest wait between two stream chunks), C(e2e_ms), and "
+            "C(attainment), the share of a load's requests that must meet them for the load to be within limits "
+            "(default 0.9). Read by the report only: changing it measures nothing again.",
+            {**SLO_SCHEMA, "minProperties": 0, "default": {}},
+            doc="{ttft_ms, tpot_ms, itl_ms, e2e_ms, attainment}: goodput's limits (report only)"),
     Setting("max_tokens", "Output lengths unless a sweep says otherwise.", {**_tokens_list, "default": [256]},
             elements="int"),
     Setting("warmup_max_tokens", "Output length of the warmup request (not recorded).",

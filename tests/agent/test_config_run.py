@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pytest
 
-from agent import probe, records
+from agent import arrivals, probe, records
 from agent.classify import Reason
 from agent.client import Measurement
 from agent.config_run import (
@@ -592,6 +592,35 @@ def test_serve_measures_every_request_of_every_repetition(tmp_path: Path) -> Non
     assert "POST /tokenize" in log and f"generate: prompt_tokens {CONTEXT}" in log
     assert REDACTED in log
     assert_no_secrets(folder, res.log_tail)
+
+
+def test_serve_sends_an_open_loop_cell_on_its_schedule(tmp_path: Path) -> None:
+    """Open-loop cells (20 req/s, Poisson; all at once) against a server whose requests take 0.24 s each: every
+    request is sent when its schedule says, whether or not the earlier ones finished; each row keeps when it was
+    due, on the clock of sent_s, and the schedule is the cell's (the same for every config)."""
+    sweep = {"workloads": ["fib"], "max_tokens": [MAX_TOKENS], "request_rates": [20, "inf"], "requests": 5}
+    host, configs = setup(tmp_path, write_engine(tmp_path / "engine"), env={"STANDIN_STEP_S": "0.03"},
+                          phases=[{"name": "tp1", "configs": [{"method": "autoregressive"}], "sweeps": [sweep]}])
+    cfg = configs["tp1-autoregressive"]
+    assert cfg["requests"] == 2 * 5 * 2
+    res = serve(host, cfg, fresh_folder(host.store, cfg["config_id"]))
+    assert res.status == Outcome.OK, (res.detail, res.log_tail)
+    assert len(res.rows) == cfg["requests"]
+    for cell in cfg["cells"]:
+        for rep in range(2):
+            mine = sorted((r for r in res.rows if r["request_rate"] == cell["request_rate"] and r["rep"] == rep),
+                          key=lambda r: r["slot"])
+            assert [r["slot"] for r in mine] == list(range(5))
+            assert all(r["ok"] and r["concurrency"] == 0 and records.request_problem(r, cfg["config_id"]) is None
+                       for r in mine)
+            due = [r["scheduled_s"] - mine[0]["scheduled_s"] for r in mine]
+            assert due == pytest.approx(arrivals.schedule(cell, rep), abs=2e-6)  # the cell's own schedule
+            # when it was due, never before, and without waiting for the earlier requests (8 steps of 0.03 s each)
+            assert all(0 <= r["sent_s"] - r["scheduled_s"] + 1e-6 < 0.2 for r in mine)
+            assert any(b["sent_s"] < a["done_s"] for a, b in zip(mine, mine[1:]))
+            if cell["request_rate"] == "inf":
+                assert max(r["sent_s"] for r in mine) < min(r["done_s"] for r in mine)
+    assert {r["request_rate"] for r in res.rows} == {20, "inf"}
 
 
 @pytest.mark.parametrize("message, reason", [

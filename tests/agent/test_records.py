@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ from agent.records import (
     cell_key,
     json_schema,
     problem,
+    rate_ok,
     request_problem,
     request_row,
 )
@@ -119,13 +121,20 @@ def test_request_row_is_identity_cell_rep_and_measurement_only() -> None:
     got = request_row(identity, CELL_, 2, {"ok": False, "error": "boom"})
     assert got == {**IDENT, "workload": "chat", "max_tokens": 256, "context_tokens": 0, "concurrency": 2, "rep": 2,
                    "ok": False, "error": "boom"}
-    assert set(got) == set(IDENTITY) | set(CELL) | {"rep", "ok", "error"}
+    assert set(got) == set(IDENTITY) | set(CELL) - {"request_rate"} | {"rep", "ok", "error"}  # closed loop
+    opened = {**CELL_, "concurrency": 0, "request_rate": "inf", "arrival": "poisson", "requests": 8, "seed": 0}
+    got = request_row(identity, opened, 0, {"ok": True})
+    assert set(got) == set(IDENTITY) | set(CELL) | {"rep", "ok"} and got["request_rate"] == "inf"
 
 
 def test_cell_key_of_a_cell_and_of_its_rows_agree() -> None:
-    assert cell_key(CELL_) == cell_key(row()) == ("chat", 256, 0, 2)
+    assert cell_key(CELL_) == cell_key(row()) == ("chat", 256, 0, 2, None)
     assert cell_key(row(concurrency=4)) != cell_key(CELL_)
-    assert cell_key({}) == (None, None, None, None)
+    assert cell_key({}) == (None, None, None, None, None)
+    # a rate as the YAML gives it, as JSON writes it and as a reader of either takes it: one key
+    assert cell_key({**CELL_, "request_rate": 2}) == cell_key({**CELL_, "request_rate": 2.0})[:4] + (2.0,)
+    assert cell_key({**CELL_, "request_rate": "inf"})[-1] == math.inf
+    assert [rate_ok(v) for v in (None, 0.5, 3, "inf", 0, -1, "fast", True)] == [True] * 4 + [False] * 4
 
 
 def test_event_and_outcome_values() -> None:

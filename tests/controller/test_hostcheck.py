@@ -165,7 +165,7 @@ def test_configs_and_sweeps_select_parts_of_a_phase(host: dict[str, Any]) -> Non
 
 @pytest.mark.parametrize("extra, message", [
     ({"configs": "ddtree-b17"}, "configs: unknown config 'ddtree-b17'; allowed: autoregressive, ddtree-b12,"),
-    ({"sweeps": "shrt"}, "sweeps: unknown sweep 'shrt'; allowed: concurrency, context, long_output, short"),
+    ({"sweeps": "shrt"}, "sweeps: unknown sweep 'shrt'; allowed: concurrency, context, long_output, rate, short"),
     ({"configs": {"a": 1}}, "configs: a mapping is not a list of config names; allowed: names separated by commas"),
 ])
 def test_unknown_selections_are_rejected_naming_what_exists(host: dict[str, Any], extra: dict[str, Any],

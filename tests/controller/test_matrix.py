@@ -141,6 +141,35 @@ def test_expansion_puts_baseline_first_and_counts_requests() -> None:
     assert configs[0]["draft_model"] is None and configs[1]["draft_model"]["path"] == "/d"
 
 
+def test_open_loop_cells_carry_their_schedule_and_the_limits_stay_out_of_the_digest() -> None:
+    """request_rates beside concurrency: a closed-loop cell per concurrency, then an open-loop cell per rate
+    (concurrency 0, its arrival, requests per repetition from `requests` or rate × duration_s, seed); the sweep's
+    slo, else bench_slo, on every cell; the requests counted from both; new limits change no config digest."""
+    from agent.config_run import config_digest
+
+    s = base()
+    s["slo"] = {"ttft_ms": 2000}
+    s["phases"][0]["sweeps"] = [
+        {"workloads": ["fib"], "concurrency": [1, 2], "request_rates": [0.5, "inf"], "requests": 6,
+         "repetitions": 2},
+        {"workloads": ["json"], "request_rates": [4], "duration_s": 2.5, "arrival": "constant", "seed": 7,
+         "slo": {"tpot_ms": 50, "attainment": 0.5}, "repetitions": 1},
+    ]
+    base_cfg = matrix.expand(s)[0]
+    loads = [(c["workload"], c["concurrency"], c.get("request_rate"), c.get("arrival"), c.get("requests"),
+              c.get("seed"), c["slo"]) for c in base_cfg["cells"]]
+    assert loads == [("fib", 1, None, None, None, None, {"ttft_ms": 2000}),
+                     ("fib", 2, None, None, None, None, {"ttft_ms": 2000}),
+                     ("fib", 0, 0.5, "poisson", 6, 0, {"ttft_ms": 2000}),
+                     ("fib", 0, "inf", "poisson", 6, 0, {"ttft_ms": 2000}),
+                     ("json", 0, 4, "constant", 10, 7, {"tpot_ms": 50, "attainment": 0.5})]
+    assert base_cfg["requests"] == (1 + 2 + 6 + 6) * 2 + 10
+    s["slo"] = {"ttft_ms": 100}
+    assert config_digest(matrix.expand(s)[0]) == config_digest(base_cfg)
+    s["phases"][0]["sweeps"][1]["seed"] = 8
+    assert config_digest(matrix.expand(s)[0]) != config_digest(base_cfg)
+
+
 def test_sweep_subset_leaves_other_methods_out() -> None:
     s = base()
     s["phases"][0]["configs"].append({"method": "dflash"})
@@ -155,8 +184,8 @@ def test_shipped_profiles_are_valid() -> None:
     local = matrix.expand(suite_from_host_vars("local"))
     assert [c["config_id"] for c in local] == ["tp1-autoregressive", "tp1-ngram-k2", "tp1-ngram-k4",
                                                "tp1-draft_model-k3"]
-    # 4 workloads x 2 contexts x (1 + 4 concurrent) x 3 reps
-    assert all(c["requests"] == 120 for c in local)
+    # 3 reps of: 4 workloads x 2 contexts, fib at 2, 4 and 8 concurrent, and 8 requests at each of 3 rates
+    assert all(c["requests"] == 3 * (4 * 2 + 2 + 4 + 8 + 3 * 8) for c in local)
     ct200 = matrix.expand(suite_from_host_vars("ct200"))
     assert len(ct200) == 27
     assert [c["config_id"] for c in ct200[:9]] == [

@@ -38,16 +38,16 @@ def test_ct200_packed_plan_shows_each_slot_and_each_phase_against_one_at_a_time(
     assert phase, text
     # the baseline first, the others beside it from the start, each sending its requests from the baseline's
     # gate (its startup, as long as theirs on this profile): 8 others on 7 free slots, so the phase lasts the
-    # longest config (the two shortest share a slot within that time); at least 6x shorter than one at a time
+    # longest config (the two shortest share a slot within that time); at least 5.5x shorter than one at a time
     ready = base["estimate_ready_s"]
     assert ready == 240 and abs(seconds(phase[1]) - max(base["estimate_s"], longest)) <= 1
     assert abs(seconds(phase[2]) - sum(c["estimate_s"] for c in tp1)) <= 1
     assert float(phase[3]) == pytest.approx(sum(c["estimate_s"] for c in tp1) / max(base["estimate_s"], longest),
                                             abs=0.05)
-    assert float(phase[3]) >= 6.0
+    assert float(phase[3]) >= 5.5
     for g in range(8):
         assert f"    slot {g} (GPU {g}): " in text
-    assert "    slot 0 (GPU 0): 0:00:00-0:26:00 tp1-autoregressive\n" in text + "\n"
+    assert "    slot 0 (GPU 0): 0:00:00-0:30:35 tp1-autoregressive\n" in text + "\n"
     assert "    slot 1 (GPU 1): 0:00:00-" in text
     assert re.search(r"phase tp4: 2 slots, .*\n    slot 0 \(GPUs 0,1,2,3\): .*\n    slot 1 \(GPUs 4,5,6,7\): ", text)
     assert re.search(r"phase tp8: 1 slot, one config at a time \(tp 8 of 8 GPUs", text)
@@ -64,7 +64,7 @@ def test_pack_check_adds_the_baseline_again_in_packed_phases_only() -> None:
     assert copy["pack_check_of"] == "tp1-autoregressive" and copy["cells"] == base["cells"]
     assert copy["method"] == "autoregressive" and copy["command"] == base["command"]
     text = "\n".join(out["plan_lines"])
-    assert "    slot 0 (GPU 0): 0:00:00-0:26:00 tp1-autoregressive; 0:26:00-0:52:00 tp1-autoregressive-packed" in text
+    assert "    slot 0 (GPU 0): 0:00:00-0:30:35 tp1-autoregressive; 0:30:35-1:01:10 tp1-autoregressive-packed" in text
 
 
 def test_an_unpacked_plan_says_nothing_of_slots() -> None:
