@@ -23,10 +23,12 @@ from .verdict import FAIL_ON
 # What a command needs is imported by that command: the playbooks call `stamp` and `unpack` on every run, and
 # neither should pay for pandas and scipy. So `compare`'s parser is here, its description too:
 COMPARE = """One run against another: per matching cell (host, config_id, workload, max_tokens, context_tokens,
-concurrency) B ÷ A of mean tok/s with the report's 95% interval for a ratio of means; the cells only one run has,
-the cells a run failed or skipped, and what differs in the hosts' environments. A cell regressed when B ÷ A is
-below 1 - threshold and its interval lies wholly below 1; improved, symmetrically. Exits 1 when a cell regressed or
-a config ok in A failed or was skipped in B (it broke), so that it can gate a CI job after an engine bump."""
+concurrency, request_rate) B ÷ A of mean tok/s with the report's 95% interval for a ratio of means; the cells only
+one run has, the cells a run failed or skipped, and what differs in the hosts' environments. A cell regressed when
+B ÷ A is below 1 - threshold and its interval lies wholly below 1; improved, symmetrically. For each config swept
+over loads, its crossover (where its throughput, or goodput, falls below the baseline's) in each run: it moved down
+when B's interval lies wholly below A's. Exits 1 when a cell regressed, a crossover moved down, or a config ok in A
+failed or was skipped in B (it broke), so that it can gate a CI job after an engine bump."""
 
 
 def _commit() -> str | None:
@@ -193,7 +195,8 @@ def _compare(args: argparse.Namespace) -> int:
 
 def add_compare_parser(sub: Any) -> None:
     """The `compare` subcommand, on the subparsers `sub` of the collector's command line."""
-    p = sub.add_parser("compare", help="compare two runs cell by cell; exit 1 when a cell regressed or broke",
+    p = sub.add_parser("compare", help="compare two runs cell by cell; exit 1 when a cell regressed or broke, or a "
+                       "crossover moved down",
                        description=COMPARE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_a", metavar="RUN_A", help="the reference run's folder (results/<run_id>), e.g. before an "
                    "engine bump")

@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from agent import records
 
+from . import crossover
 from .environment import differences
 from .load import Run, Summary, load_run
 from .mdtable import pipe_rows
@@ -51,6 +52,7 @@ class Cell:
     max_tokens: Optional[int]
     context_tokens: Optional[int]
     concurrency: Optional[int]
+    request_rate: Optional[float]
     config_id: str
     method: str
     method_params: str
@@ -71,6 +73,25 @@ class Cell:
 
 
 @dataclass(frozen=True)
+class Moved:
+    """One config's crossover (collector.crossover; `what`: throughput or goodput) in A and in B, and how B's
+    stands to A's: down, up, same (their intervals overlap) or "" (either has none to compare)."""
+
+    host: str
+    tp: Optional[int]
+    cell: str
+    axis: str
+    config_id: str
+    what: str
+    a: str
+    b: str
+    moved: str
+
+    def name(self) -> str:
+        return f"{self.host} {self.config_id}, {self.cell} over {self.axis.replace('_', ' ')} ({self.what})"
+
+
+@dataclass(frozen=True)
 class Comparison:
     """Every cell of run A and run B (`rows`), sorted as the report sorts them with budgets by number, and what
     differs in their hosts' environments: (host, label, value in A, value in B)."""
@@ -80,6 +101,12 @@ class Comparison:
     threshold: float
     rows: list[Cell]
     environment: list[tuple[str, str, str, str]] = field(default_factory=list)
+    crossovers: list[Moved] = field(default_factory=list)
+
+    @property
+    def moved_down(self) -> list[Moved]:
+        """Crossovers whose interval in B lies wholly below A's: speculation stops paying at a lower load."""
+        return [m for m in self.crossovers if m.moved == "down"]
 
     @property
     def regressed(self) -> list[Cell]:
@@ -112,6 +139,8 @@ class Comparison:
     def to_json(self) -> str:
         doc = {"run_a": self.run_a, "run_b": self.run_b, "threshold": self.threshold, "counts": self.counts(),
                "regressed": [c.name() for c in self.regressed], "broken": [c.name() for c in self.broken],
+               "crossovers_moved_down": [m.name() for m in self.moved_down],
+               "crossovers": [asdict(m) for m in self.crossovers],
                "environment": [dict(zip(("host", "label", "a", "b"), d)) for d in self.environment],
                "cells": [asdict(c) for c in self.rows]}
         return json.dumps(doc, indent=2) + "\n"
@@ -138,6 +167,13 @@ class Comparison:
         md = [f"# Run {self.run_b} (B) against run {self.run_a} (A)", "", *wrap(rule, indent=""), "",
               *wrap(f"{len(self.rows)} cells: {counts}")]
         md += self._list("Regressed", "regressed", _ratio_of) + self._list("Improved", "improved", _ratio_of)
+        if self.crossovers:
+            md += ["", "## Where speculation stops paying", "",
+                   *wrap("Per config and cell swept over loads, its crossover (the load where its throughput, or "
+                         "goodput, falls below the baseline's) in A and in B. Moved down: B's interval lies wholly "
+                         "below A's, a regression.", indent=""), ""]
+            md += _bullets(f"{m.name()}: A {m.a}; B {m.b}" + (f" — moved {m.moved}" if m.moved else "")
+                           for m in self.crossovers)
         differ = _bullets(f"{host} {label}: {va} → {vb}" for host, label, va, vb in self.environment)
         return md + ["", "## Environment differences", "", *(differ or ["none"])]
 
@@ -252,7 +288,32 @@ def compare(a: Run, b: Run, threshold: float = 0.05) -> Comparison:
             a=side_a, b=side_b, ratio=ratio, ci_low=lo, ci_high=hi, verdict=verdict)))
     rows.sort(key=lambda pair: pair[0])
     return Comparison(run_a=_run_id(a), run_b=_run_id(b), threshold=threshold, rows=[c for _, c in rows],
-                      environment=differences(a, b))
+                      environment=differences(a, b), crossovers=_crossovers(a, b))
+
+
+def _crossovers(a: Run, b: Run) -> list[Moved]:
+    """Each speculative config's crossovers in both runs (either run's where only one has it)."""
+    def by_key(run: Run) -> dict[tuple[Any, ...], dict[str, Any]]:
+        got = crossover.table(table(run))
+        return {tuple(_plain(r[k]) for k in (*crossover.GROUP, "axis", "config_id")): r for r in _records(got)
+                if r["method"] != "autoregressive"}
+
+    side_a, side_b = by_key(a), by_key(b)
+    out = []
+    for key in dict.fromkeys([*side_a, *side_b]):
+        ra, rb = side_a.get(key), side_b.get(key)
+        first = ra or rb
+        assert first is not None
+        for what, prefix in (("throughput", ""), ("goodput", "goodput_")):
+            texts = [r[f"{prefix}crossover_text"] if r is not None else None for r in (ra, rb)]
+            if all(_na(t) for t in texts):
+                continue
+            move = crossover.moved(crossover.bounds(ra, prefix) if ra else None,
+                                   crossover.bounds(rb, prefix) if rb else None)
+            out.append(Moved(str(first["host"]), _plain(first["tp"]),
+                             _cell_text({**first, "concurrency": 1, "request_rate": None}), str(first["axis"]),
+                             str(first["config_id"]), what, *("-" if _na(t) else str(t) for t in texts), move))
+    return out
 
 
 def _run_id(run: Run) -> str:
@@ -287,4 +348,4 @@ def main(args: argparse.Namespace) -> int:
         return 2
     result = compare(a, b, args.threshold)
     sys.stdout.write(result.to_json() if args.format == "json" else result.text(wide=args.wide))
-    return 1 if result.regressed or result.broken else 0
+    return 1 if result.regressed or result.broken or result.moved_down else 0

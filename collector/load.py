@@ -31,6 +31,7 @@ from agent.records import plain_line as _plain_line
 from agent.records import plain_rows as _plain_rows
 from agent.records import read_requests
 
+from .serving import Serving
 from .stats import mean_std
 
 try:
@@ -40,7 +41,8 @@ except ImportError:  # the plain reader alone: the same result, several times sl
 
 OUTCOMES = [o.value for o in records.Outcome]
 # The numbers the report reads of a valid request line, besides its cell and repetition (records.CELL, rep) and ok.
-NUMBERS = ("output_tok_s", "tpot_s", "accept_length", "ttft_s", "sent_s", "done_s", "completion_tokens")
+NUMBERS = ("output_tok_s", "tpot_s", "accept_length", "ttft_s", "sent_s", "done_s", "completion_tokens", "e2e_s",
+           "chunk_gap_max_s", "scheduled_s")
 PARALLEL_BYTES = 64 << 20  # requests.jsonl bytes from which a run's files are read by several processes at once
 # Bytes at which str.splitlines() also breaks lines (after universal newlines made \r and \r\n a \n): a file
 # that holds any is read the plain way, so that its lines are numbered as they always were.
@@ -65,6 +67,7 @@ class CellRows:
     acc_mean: Optional[float] = None  # mean accept_length of the ok ones that carry it
     ttft_mean: Optional[float] = None  # likewise, ttft_s
     tpot_mean: Optional[float] = None  # likewise, tpot_s
+    serving: Optional[Serving] = None  # what latency limits, goodput and the achieved rate are worked out from
 
 
 def summary(xs: list[float]) -> Summary:
@@ -240,6 +243,9 @@ class _Fast(_Columns):
         self.n += m
 
 
+_rate_of = attrgetter("request_rate")
+
+
 def _fast_columns(path: Path, problems: list[str]) -> Optional[tuple[_Columns, Optional[dict[str, Any]]]]:
     """The columns of every valid line, and the first valid line; None when the file must be read the plain
     way: it holds a byte at which str.splitlines() breaks a line and a split at newlines does not, or a line
@@ -260,6 +266,7 @@ def _decoded(path: Path, pieces: Iterator[list[bytes]],
     row_type = _row_type(path.parent.name)
     decode = msgspec.json.Decoder(row_type).decode
     cols = _Fast()
+    rates: set[Any] = set()  # every request_rate met: one msgspec cannot check is left to the plain reader
     said: list[tuple[int, str]] = []  # (line, problem): the problems in line order at the end
     first: Optional[bytes] = None  # the first kept row's line
     line0 = 0
@@ -285,11 +292,13 @@ def _decoded(path: Path, pieces: Iterator[list[bytes]],
                     rows.append(row_type(**{k: row[k] for k in _REQUEST_NAMES if k in row}))
                 if first is None:
                     first = line
+        rates.update(map(_rate_of, rows))
         cols.add(rows)
         del rows
         line0 += len(lines)
-    # What msgspec does not check: an ok request carries output_tok_s. Such a line is left to the plain reader.
-    if (cols.column("ok") & np.isnan(cols.column("output_tok_s"))).any():
+    # What msgspec does not check: an ok request carries output_tok_s; a request_rate string is "inf". Such a
+    # line is left to the plain reader.
+    if (cols.column("ok") & np.isnan(cols.column("output_tok_s"))).any() or not all(map(records.rate_ok, rates)):
         return None
     problems += [p for _, p in sorted(said, key=lambda s: s[0])]
     return cols, (json.loads(first.decode("utf-8", errors="replace")) if first is not None else None)
@@ -314,7 +323,8 @@ def _cells(cols: _Columns) -> list[CellRows]:
     pairs = list(cols.bursts.items())  # in order of their first lines
     pair_first = np.fromiter((i for _, i in pairs), dtype=np.int64, count=len(pairs))
     cell_of: dict[tuple[Any, ...], int] = {}
-    pair_cell = np.fromiter((cell_of.setdefault(key[:-1], len(cell_of)) for key, _ in pairs), dtype=np.int64,
+    pair_cell = np.fromiter((cell_of.setdefault((*key[:-2], records.rate(key[-2])), len(cell_of))
+                             for key, _ in pairs), dtype=np.int64,
                             count=len(pairs))
     keys = list(cell_of)  # cells in the order they first appear
     pair = np.searchsorted(pair_first, burst)  # each line's pair, as its place in `pairs`
@@ -330,6 +340,10 @@ def _cells(cols: _Columns) -> list[CellRows]:
             - np.minimum.reduceat(num["sent_s"][by_pair], pair_starts))
     counted = whole & (np.nan_to_num(span) > 0)
     rate = np.add.reduceat(np.nan_to_num(num["completion_tokens"])[by_pair], pair_starts) / np.where(counted, span, 1)
+    # every repetition's span over its lines that carry both times (failed ones too), and its sends
+    sent, done = num["sent_s"][by_pair], num["done_s"][by_pair]
+    with np.errstate(invalid="ignore"):
+        whole_span = np.fmax.reduceat(done, pair_starts) - np.fmin.reduceat(sent, pair_starts)
     out = []
     for c, key in enumerate(keys):
         idx = by_cell[cell_bounds[c]:cell_bounds[c + 1]]
@@ -339,9 +353,11 @@ def _cells(cols: _Columns) -> list[CellRows]:
         for name, attr in (("tpot_s", "tpot_mean"), ("accept_length", "acc_mean"), ("ttft_s", "ttft_mean")):
             values = num[name][good]
             setattr(rows, attr, _mean(values[~np.isnan(values)].tolist()))
-        if (key[3] or 1) > 1:  # one burst per repetition, in the order they first appear
+        if (key[3] or 1) > 1 or key[4] is not None:  # one burst per repetition, in the order they first appear
             mine = np.flatnonzero((pair_cell == c) & counted)
             rows.bursts = summary(rate[mine].tolist())
+        reps = np.flatnonzero(pair_cell == c)
+        rows.serving = Serving.of(num, idx, good, pair[good], reps, whole_span[reps], pair[idx], key[4] is not None)
         out.append(rows)
     return out
 

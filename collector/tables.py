@@ -17,6 +17,7 @@ import scipy.special  # noqa: F401  (stats' t quantile: loaded with the report, 
 from agent import records
 from agent.pack import PACK_SUFFIX
 
+from . import serving
 from .load import NONE, ConfigResult, Run, Summary
 from .stats import ratio_ci_of
 from .views import budget, budget_key
@@ -24,10 +25,18 @@ from .views import budget, budget_key
 CELL = ["host", "engine", "model", "tp", *records.CELL]  # a row of the table; a spec row pairs with the baseline's
 
 
+# Per cell, its latency percentiles, requests/s, for an open-loop cell the rate its client achieved and how late it
+# sent (p99), and where latency limits are set (`slo`, JSON) the share of its requests within them, whether that
+# share reaches the limits' attainment, and goodput (collector.serving), with goodput ÷ the baseline's.
+SERVING_COLUMNS = [f"{m}_p{q}_s" for m in serving.LATENCIES for q in serving.PCTS] + [
+    "req_s_mean", "achieved_rate", "send_lag_p99_s", "slo", "slo_met", "within_slo", "goodput_req_s",
+    "goodput_tok_s", "goodput_speedup", "goodput_speedup_ci_low", "goodput_speedup_ci_high"]
+
+
 COLUMNS = CELL + ["config_id", "method", "method_params", "n", "errors", "tok_s_mean", "tok_s_std", "speedup",
                   "speedup_ci_low", "speedup_ci_high", "significant", "accept_length_mean", "ttft_mean_s",
                   "status", "cv", "tpot_mean_s", "burst_tok_s_mean", "burst_speedup", "burst_speedup_ci_low",
-                  "burst_speedup_ci_high", "flags", "checks"]
+                  "burst_speedup_ci_high", "flags", "checks"] + SERVING_COLUMNS
 
 
 NOISY_CV = 0.05  # a cell whose tok/s varies more than this (std / mean) is flagged `noisy`
@@ -164,15 +173,17 @@ def _samples(run: Run) -> list[dict[str, Any]]:
 def _cell_samples(run: Run) -> list[dict[str, Any]]:
     out = []
     none = {"tok": NONE, "bursts": NONE, "acc_mean": None, "ttft_mean": None, "tpot_mean": None, "errors": 0,
-            "n_total": 0}
+            "n_total": 0, "serving": None}
     checks_of = pack_checks(run)
     for c in run.configs:
         ident = {**_identity(c), "pack_check_of": checks_of.get((c.host, c.config_id))}
         st = c.status.get("status")
         flags, checks = config_flags(c.status)
+        limits = _limits(c)
         if st != "ok":
             for cell in c.config.get("cells") or [{}]:
-                out.append({**ident, **{k: cell.get(k) for k in records.CELL}, **none,
+                key = records.cell_key(cell) if isinstance(cell, dict) else (None,) * len(records.CELL)
+                out.append({**ident, **dict(zip(records.CELL, key)), **none, "slo": limits.get(key),
                             "status": c.status.get("reason") or st, "flags": [], "checks": ""})
             continue
         cells: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -180,13 +191,56 @@ def _cell_samples(run: Run) -> list[dict[str, Any]]:
             cells[rows.key] = {**ident, **dict(zip(records.CELL, rows.key)), "tok": rows.tok, "bursts": rows.bursts,
                                "acc_mean": rows.acc_mean, "ttft_mean": rows.ttft_mean, "tpot_mean": rows.tpot_mean,
                                "errors": rows.errors, "n_total": rows.n_total, "status": "ok", "flags": list(flags),
-                               "checks": checks}
+                               "checks": checks, "serving": rows.serving, "slo": limits.get(rows.key)}
         for cell in c.config.get("cells") or []:
-            key = records.cell_key(cell)
-            if key not in cells:  # listed in the config, but no valid request line for it
+            key = records.cell_key(cell) if isinstance(cell, dict) else None
+            if key is not None and key not in cells:  # listed in the config, but no valid request line for it
                 cells[key] = {**ident, **dict(zip(records.CELL, key)), **none, "status": "no_data", "flags": [],
-                              "checks": ""}
+                              "checks": "", "slo": limits.get(key)}
         out.extend(cells.values())
+    return out
+
+
+def _limits(c: ConfigResult) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """The latency limits of each of a config's cells (config.json's cells[].slo), by cell key."""
+    cells = c.config.get("cells")
+    return {records.cell_key(x): x["slo"] for x in cells if isinstance(x, dict) and isinstance(x.get("slo"), dict)
+            and x["slo"]} if isinstance(cells, list) else {}
+
+
+def aggregate(s: dict[str, Any]) -> bool:
+    """Whether a cell's throughput is its bursts' (several requests at once, or an open-loop schedule) rather than
+    its requests' own tok/s."""
+    return (s["concurrency"] or 1) > 1 or s["request_rate"] is not None
+
+
+def _serving(s: dict[str, Any], base: dict[str, Any] | None) -> dict[str, Any]:
+    """A row's SERVING_COLUMNS, from its sample (and its baseline's, for goodput ÷ the baseline's)."""
+    out: dict[str, Any] = dict.fromkeys(SERVING_COLUMNS)
+    got: serving.Serving | None = s.get("serving")
+    if got is None:
+        return out
+    for m in serving.LATENCIES:
+        out.update(zip((f"{m}_p{q}_s" for q in serving.PCTS), got.percentiles(m)))
+    out["req_s_mean"] = got.req_s()[1]
+    if got.achieved:
+        out["achieved_rate"] = sum(got.achieved) / len(got.achieved)
+    out["send_lag_p99_s"] = got.late()
+    slo = s.get("slo")
+    if not slo:
+        return out
+    out["slo"] = json.dumps(slo, sort_keys=True)
+    out["slo_met"] = got.share(slo)
+    out["within_slo"] = None if out["slo_met"] is None else out["slo_met"] >= serving.attainment(slo)
+    req, tok = got.goodput(slo)
+    out["goodput_req_s"], out["goodput_tok_s"] = req[1], tok[1]
+    theirs = base.get("serving") if base else None
+    if theirs is not None and tok[1] is not None:
+        _, btok = theirs.goodput(slo)
+        if btok[1]:
+            out["goodput_speedup"] = tok[1] / btok[1]
+            lo, hi = (out["goodput_speedup"],) * 2 if s["method"] == "autoregressive" else _ratio(tok, btok)
+            out["goodput_speedup_ci_low"], out["goodput_speedup_ci_high"] = lo, hi
     return out
 
 
@@ -207,7 +261,9 @@ def table(run: Run) -> pd.DataFrame:
     base = {tuple(s[k] for k in CELL): s["tok"] for s in samples
             if s["method"] == "autoregressive" and s["status"] == "ok" and s["tok"][0]}
     base_burst = {tuple(s[k] for k in CELL): s["bursts"] for s in samples
-                  if s["method"] == "autoregressive" and s["status"] == "ok" and (s["concurrency"] or 1) > 1}
+                  if s["method"] == "autoregressive" and s["status"] == "ok" and aggregate(s)}
+    base_sample = {tuple(s[k] for k in CELL): s for s in samples if s["method"] == "autoregressive"
+                   and s["status"] == "ok"}
     rows = []
     for s in samples:
         n, m, sd = s["tok"]
@@ -219,7 +275,10 @@ def table(run: Run) -> pd.DataFrame:
         sig = _significant(lo, hi) if s["method"] != "autoregressive" else ""
         cv = sd / m if m and sd is not None else None
         flags = s["flags"] + (["noisy"] if cv is not None and cv > NOISY_CV else [])
-        burst = s["bursts"] if (s["concurrency"] or 1) > 1 else NONE
+        served = _serving(s, base_sample.get(tuple(s[k] for k in CELL)))
+        if served["send_lag_p99_s"] is not None and served["send_lag_p99_s"] > serving.LATE_S:
+            flags.append("behind_schedule")
+        burst = s["bursts"] if aggregate(s) else NONE
         bb = base_burst.get(tuple(s[k] for k in CELL)) or NONE
         bm_, bsp = burst[1], None
         blo = bhi = None
@@ -233,16 +292,27 @@ def table(run: Run) -> pd.DataFrame:
                      "ttft_mean_s": s["ttft_mean"], "status": s["status"], "cv": cv,
                      "tpot_mean_s": s["tpot_mean"], "burst_tok_s_mean": bm_, "burst_speedup": bsp,
                      "burst_speedup_ci_low": blo, "burst_speedup_ci_high": bhi, "flags": ",".join(flags),
-                     "checks": s["checks"]})
+                     "checks": s["checks"], **served})
     df = pd.DataFrame(rows, columns=COLUMNS)
     if df.empty:
         return df
     for col in ("tp", "max_tokens", "context_tokens", "concurrency", "n", "errors"):
         df[col] = df[col].astype("Int64")  # integers stay integers beside empty cells
+    df["request_rate"] = rates(df["request_rate"])
     df["_spec"] = df["method"] != "autoregressive"
-    df = df.sort_values(["host", "tp", "workload", "max_tokens", "context_tokens", "concurrency", "_spec",
-                         "config_id"], na_position="last", kind="stable").drop(columns="_spec")
-    return df.reset_index(drop=True)
+    df["_rate"] = df["request_rate"].astype(float)
+    df["_open"] = df["_rate"].notna()
+    df = df.sort_values(["host", "tp", "workload", "max_tokens", "context_tokens", "_open", "concurrency",
+                         "_rate", "_spec", "config_id"], na_position="last", kind="stable")
+    return df.drop(columns=["_spec", "_open", "_rate"]).reset_index(drop=True)
+
+
+def rates(column: pd.Series) -> pd.Series:
+    """A request_rate column as records.rate gives it (a float, inf: every request at once), None (not NaN, so
+    that a row's cell matches its sample's key) for a closed-loop cell."""
+    def one(v: Any) -> Any:
+        return None if v is None or (isinstance(v, float) and v != v) else records.rate(v)
+    return pd.Series([one(v) for v in column], index=column.index, dtype=object)
 
 
 def cross_host(df: pd.DataFrame) -> pd.DataFrame:
@@ -251,13 +321,16 @@ def cross_host(df: pd.DataFrame) -> pd.DataFrame:
     ok = df[df["status"] == "ok"]
     if ok.empty or ok["host"].nunique() < 2:
         return pd.DataFrame()
-    keys = ["config_id", "workload", "max_tokens", "context_tokens", "concurrency"]
+    keys = ["config_id", "workload", "max_tokens", "context_tokens", "concurrency", "request_rate"]
+    ok = ok.assign(request_rate=ok["request_rate"].map(lambda v: -1.0 if v is None else v))  # pivots drop NA keys
     tok = ok.pivot_table(index=keys, columns="host", values="tok_s_mean", aggfunc="first")
     spd = ok.pivot_table(index=keys, columns="host", values="speedup", aggfunc="first")
     out = pd.concat({"tok_s": tok, "speedup": spd}, axis=1)
     out.columns = [f"{host} {metric}" for metric, host in out.columns]
     out["tok_s_spread"] = tok.max(axis=1) / tok.min(axis=1) - 1
-    return out.reset_index()
+    out = out.reset_index()
+    out["request_rate"] = rates(out["request_rate"].map(lambda v: None if v == -1.0 else v))
+    return out
 
 
 def scheduling(c: ConfigResult, host: dict[str, Any] | None = None) -> str | None:

@@ -13,7 +13,7 @@ from .load import Run
 from .mdtable import pipe_rows
 
 AR = "AR"  # the baseline's column
-KEYS = ["host", "tp", "workload", "max_tokens", "context_tokens", "concurrency"]  # a row of by_workload
+KEYS = ["host", "tp", "workload", "max_tokens", "context_tokens", "concurrency", "request_rate"]  # by_workload's row
 _RANK = {"autoregressive": 0, "dflash": 1, "ddtree": 2}  # every other method after these
 WIDTH = 120  # a terminal's columns
 
@@ -63,6 +63,15 @@ def method_label(row: Mapping[str, Any]) -> str:
 def outcomes(run: Run) -> dict[tuple[str, str], str]:
     """(host, config_id) -> ok, failed or skipped, from each config's status.json."""
     return {(c.host, c.config_id): str(c.status.get("status")) for c in run.configs}
+
+
+def load_words(r: Mapping[str, Any]) -> str:
+    """A cell's load in words: `c4` (closed loop; empty at concurrency 1), `2 req/s`, `all at once` (open loop)."""
+    rate = r.get("request_rate")
+    if not na(rate):
+        return "all at once" if rate == float("inf") else f"{rate:g} req/s"
+    c = r.get("concurrency")
+    return "" if na(c) or c == 1 else f"c{c}"
 
 
 def cell_text(r: Mapping[str, Any], outcome: Optional[str] = None) -> str:

@@ -11,6 +11,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from .. import crossover
 from ..environment import environment
 from ..load import ConfigResult, Run
 from ..views import KEYS, by_workload, outcomes
@@ -116,7 +117,8 @@ def _header(run: Run) -> list[str]:
     out = [f"<h1>Run {_e(meta.get('run_id', run.root.name))}</h1>",
            "<p>" + "; ".join(f"{_e(k)}: {_e(v)}" for k, v in about if not _na(v) and v != "") + "</p>"]
     out.append('<nav><a href="#environment">environment</a><a href="#by-workload">by workload</a>'
-               '<a href="#full">full table</a><a href="#plots">plots</a><a href="#failures">failures</a></nav>')
+               '<a href="#pays">where it pays</a><a href="#full">full table</a><a href="#plots">plots</a>'
+               '<a href="#failures">failures</a></nav>')
     out.append('<h2 id="environment">Environment</h2>')
     for host, pairs in environment(run).items():
         out.append(f"<h3>{_e(host)}</h3>")
@@ -135,9 +137,25 @@ def _by_workload(run: Run, df: pd.DataFrame) -> list[str]:
         return out + ["<p>No rows.</p>"]
     for (host, tp), group in view.groupby(["host", "tp"], sort=False, dropna=False):
         methods = [c for c in group.columns if c not in KEYS and group[c].astype(bool).any()]
-        shown = group[["workload", "max_tokens", "context_tokens", "concurrency", *methods]]
+        load = ["request_rate"] if group["request_rate"].notna().any() else []
+        shown = group[["workload", "max_tokens", "context_tokens", "concurrency", *load, *methods]]
         out += [f"<h3>{_e(host)} tp{_e(_shown(tp))}</h3>", _table(shown)]
     return out
+
+
+def _pays(df: pd.DataFrame) -> list[str]:
+    """Where speculation pays (collector.crossover): a row per config and cell swept over loads; nothing without
+    a sweep."""
+    pays = crossover.table(df)
+    if pays.empty:
+        return []
+    shown = pays.drop(columns=["engine", "model", "method_params"])
+    return ['<h2 id="pays">Where speculation pays</h2>',
+            "<p>Per cell swept over loads: each config's best throughput ratio to the baseline and where, the loads "
+            "where it is above 1, and the crossover (the load where the ratio falls below 1, interpolated between "
+            "the measured loads around it, with its interval); with latency limits, the same for goodput and the "
+            "highest load within them. The throughput-latency plots below mark the crossovers.</p>",
+            _table(shown, "pays-table", sortable=True)]
 
 
 def _plots(plots: Iterable[Path]) -> list[str]:
@@ -191,7 +209,7 @@ def _problems(problems: list[str]) -> list[str]:
 def render(run: Run, df: pd.DataFrame, plots: list[Path]) -> str:
     """The page: `df` is tables.table(run), `plots` the files plots.write wrote (their PNGs are embedded)."""
     name = f"specfleet run {run.meta.get('run_id', run.root.name)}"
-    body = [*_header(run), *_by_workload(run, df),
+    body = [*_header(run), *_by_workload(run, df), *_pays(df),
             '<h2 id="full">Full table</h2>', "<p>Click a column's header to sort by it; again to reverse.</p>",
             _table(df, "full-table", sortable=True), *_plots(plots), *_failures(run), *_problems(run.problems)]
     return "\n".join([

@@ -1,23 +1,33 @@
-"""report.json: the run's metadata, the speedup table's rows, the spread across hosts, DDTree against DFlash, the
-pack checks and the problems met while reading the results."""
+"""report.json: the run's metadata, the speedup table's rows, where speculation pays (the crossovers), the spread
+across hosts, DDTree against DFlash, the pack checks and the problems met while reading the results."""
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import pandas as pd
 
+from agent.records import INF
+
+from .. import crossover
 from ..load import Run
 from ..tables import cross_host, ddtree_vs_dflash, pack_check
 
 
 def _rows(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """The frame's rows; an infinite request_rate (or crossover bound) as "inf", as requests.jsonl writes it."""
+    infinite = [c for c in ("request_rate", "crossover_high", "goodput_crossover_high") if c in df.columns]
+    if infinite and not df.empty:
+        df = df.assign(**{c: df[c].map(lambda v: INF if isinstance(v, float) and math.isinf(v) else v)
+                          for c in infinite})
     return json.loads(df.to_json(orient="records", double_precision=6))
 
 
 def render(run: Run, df: pd.DataFrame) -> str:
     """The report as one JSON document, from the speedup table `df` (tables.table)."""
-    return dumps_indented({"run": run.meta, "rows": _rows(df), "cross_host": _rows(cross_host(df)),
+    return dumps_indented({"run": run.meta, "rows": _rows(df), "where_speculation_pays": _rows(crossover.table(df)),
+                           "cross_host": _rows(cross_host(df)),
                            "ddtree_vs_dflash": _rows(ddtree_vs_dflash(run, df)),
                            "baseline_alone_vs_packed": _rows(pack_check(run)), "problems": run.problems}) + "\n"
 

@@ -9,6 +9,7 @@ import pandas as pd
 
 from agent import records
 
+from .. import crossover
 from ..environment import environment
 from ..load import Run
 from ..mdtable import pipe_rows, pipe_table
@@ -24,7 +25,7 @@ from ..tables import (
     pack_check,
     timing,
 )
-from ..views import AR, KEYS, WIDTH, by_workload, fit_rows, outcomes, wrap
+from ..views import AR, KEYS, WIDTH, by_workload, fit_rows, load_words, outcomes, wrap
 from ..views import na as _na
 
 
@@ -35,8 +36,8 @@ def _cell_text(k: dict[str, Any]) -> str:
         cell.append(f"{k['max_tokens']} tok")
     if not _na(k["context_tokens"]) and k["context_tokens"]:
         cell.append(f"ctx {k['context_tokens']}")
-    if not _na(k["concurrency"]) and k["concurrency"] != 1:
-        cell.append(f"c{k['concurrency']}")
+    if load_words(k):
+        cell.append(load_words(k))
     return ", ".join(cell)
 
 
@@ -106,8 +107,8 @@ def hand_run_lines(df: pd.DataFrame) -> list[str]:
                 qual.append(f"{r['max_tokens']} tok")
             if not pd.isna(r["context_tokens"]) and r["context_tokens"]:
                 qual.append(f"ctx {r['context_tokens']}")
-            if not pd.isna(r["concurrency"]) and r["concurrency"] != 1:
-                qual.append(f"c{r['concurrency']}")
+            if load_words(r):
+                qual.append(load_words(r))
             workload = r["workload"] if isinstance(r["workload"], str) else "(unknown cell)"
             name = workload + (f" ({', '.join(qual)})" if qual else "")
             if r["status"] != "ok" or r["tok_s_mean"] is None or pd.isna(r["tok_s_mean"]):
@@ -195,6 +196,79 @@ def vs_markdown(run: Run, vs: pd.DataFrame, wide: bool = True) -> list[str]:
             rows.append(row)
         md += ["", *_table(rows, ["budget", "config_id"], wide)]
     return md
+
+
+def _ms(v: Any) -> str:
+    return "" if _na(v) else f"{v * 1000:.0f}"
+
+
+def pays_markdown(df: pd.DataFrame, pays: pd.DataFrame, wide: bool) -> list[str]:
+    """Where speculation pays (collector.crossover): per host and tp, a row per config and cell swept over two
+    loads or more; then each such load's throughput, latency percentiles and goodput. Nothing without a sweep."""
+    if pays.empty:
+        return []
+    md = ["## Where speculation pays", "",
+          *_text("Per cell swept over loads (closed-loop concurrency cN, or open-loop request rates): a config's best "
+                 "throughput ratio to the baseline (output tok/s over all of a load's requests; 95% interval in the "
+                 "load table below), the loads where it is above 1, and the crossover: the load where the ratio "
+                 "falls below 1, interpolated linearly between the measured loads around it, with the loads where "
+                 "its interval's bounds cross 1 (README, Results). With latency limits, the same for goodput (the "
+                 "output tok/s of requests within every limit) and the highest load whose requests meet the limits "
+                 "in the share asked.", wide)]
+    for (host, tp), group in pays.groupby(["host", "tp"], sort=False, dropna=False):
+        rows = []
+        for r in _records(group):
+            row = {"config": str(r["config_id"]), "cell": _cell_text({**r, "concurrency": 1, "request_rate": None}),
+                   "loads": str(r["loads"])}
+            if r["method"] != "autoregressive":
+                row.update({"best": "" if _na(r["best_speedup"]) else f"{r['best_speedup']:.2f}x at {r['best_at']}",
+                            "pays at": str(r["pays_at"] or ""), "crossover": str(r["crossover_text"] or "")})
+            else:
+                row.update({"best": "(baseline)", "pays at": "", "crossover": ""})
+            if group["slo"].notna().any():
+                row["goodput crossover"] = "" if _na(r["goodput_crossover_text"]) else str(r["goodput_crossover_text"])
+                row["within limits up to"] = "" if _na(r["max_load_within_slo"]) else str(r["max_load_within_slo"])
+            if not _na(r["not_measured"]):
+                row["not measured"] = str(r["not_measured"])
+            rows.append(row)
+        keys = ["config", "cell"]
+        rows = [{k: r.get(k, "") for k in dict.fromkeys(k for r in rows for k in r)} for r in rows]
+        md += ["", f"### {host} tp{'?' if _na(tp) else tp}", "", *_table(rows, keys, wide)]
+        limits = sorted({str(x) for x in group["slo"].dropna()})
+        if limits:
+            md += ["", *_text("Latency limits: " + "; ".join(crossover.slo_text(x) for x in limits), wide)]
+    md += ["", "### Per load: throughput, latency and goodput", "",
+           *_text("Each load of those sweeps: output tok/s over all its requests (mean over repetitions) and its ratio "
+                  "to the baseline with the 95% interval; p50/p90/p99 of TTFT and p90 of TPOT and e2e in ms; for an "
+                  "open-loop load the rate the client achieved; with limits, the share of requests within them and "
+                  "goodput in tok/s. Under speculation a stream chunk carries a verify step's tokens: the per-token "
+                  "ITL looks smooth while a reader waits a whole step between chunks, so the ITL limit is checked "
+                  "against the longest wait between chunks.", wide), ""]
+    swept = {(r["host"], r["tp"], r["workload"], r["max_tokens"], r["context_tokens"], r["config_id"], r["axis"])
+             for r in _records(pays)}
+    rows = []
+    for r in _records(df):
+        axis = "concurrency" if _na(r["request_rate"]) else "request_rate"
+        if (r["host"], r["tp"], r["workload"], r["max_tokens"], r["context_tokens"], r["config_id"], axis) not in swept:
+            continue
+        one = r["concurrency"] == 1 and axis == "concurrency"
+        tput, ratio = (r["tok_s_mean"], (r["speedup"], r["speedup_ci_low"], r["speedup_ci_high"])) if one else (
+            r["burst_tok_s_mean"], (r["burst_speedup"], r["burst_speedup_ci_low"], r["burst_speedup_ci_high"]))
+        row = {"host": str(r["host"]), "tp": "" if _na(r["tp"]) else str(r["tp"]), "cell": _cell_text(r),
+               "config": str(r["config_id"]),
+               "tok/s": "" if _na(tput) else f"{tput:.1f}" if r["status"] == "ok" else str(r["status"]),
+               "÷ baseline": "" if r["method"] == "autoregressive" else _ratio_text(*ratio),
+               "TTFT p50/p90/p99": "/".join(_ms(r[f"ttft_p{q}_s"]) for q in (50, 90, 99)) if r["n"] else "",
+               "TPOT p90": _ms(r["tpot_p90_s"]), "e2e p90": _ms(r["e2e_p90_s"])}
+        if not _na(r["request_rate"]):
+            row["achieved req/s"] = "" if _na(r["achieved_rate"]) else f"{r['achieved_rate']:.2f}"
+        if not _na(r["slo"]):
+            row["within limits"] = "" if _na(r["slo_met"]) else f"{r['slo_met'] * 100:.0f}%"
+            row["goodput tok/s"] = _fmt(r["goodput_tok_s"], 1)
+        rows.append(row)
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    rows = [{k: r.get(k, "") for k in columns} for r in rows]
+    return md + _table(rows, ["host", "tp", "cell", "config"], wide)
 
 
 def environment_markdown(run: Run, wide: bool) -> list[str]:
@@ -294,7 +368,8 @@ def render(run: Run, df: pd.DataFrame, wide: bool = False) -> str:
         for r in sorted(checked, key=lambda r: (r["host"], _order(r["tp"], r["method"], r["method_params"],
                                                                   r["config_id"]))):
             md += _text(f"- {r['host']} {r['config_id']} [{r['flags']}]: {r['checks']}", wide)
-    for section in (pack_markdown(pack_check(run), wide), cross_host_markdown(df, wide),
+    for section in (pays_markdown(df, crossover.table(df), wide), pack_markdown(pack_check(run), wide),
+                    cross_host_markdown(df, wide),
                     vs_markdown(run, ddtree_vs_dflash(run, df), wide), timing_markdown(run, wide)):
         if section:
             md += ["", *section]

@@ -23,9 +23,10 @@ from matplotlib.figure import Figure
 from agent import records
 from agent.store import write_atomic
 
+from .. import crossover
 from ..load import Run
 from ..tables import DDTREE, DFLASH, scheduling
-from ..views import budget, budget_key, method_label
+from ..views import budget, budget_key, load_words, method_label
 
 FORMATS = ("png", "svg")
 GAP_Y = 0.04  # where a gap's marker sits, in axes coordinates: at the foot of the axes, never at a value
@@ -88,8 +89,8 @@ def cell_title(cell: dict[str, Any], leave_out: str = "") -> str:
         parts.append(f"{cell['max_tokens']} tok")
     if leave_out != "context_tokens" and not pd.isna(cell["context_tokens"]) and cell["context_tokens"]:
         parts.append(f"ctx {cell['context_tokens']}")
-    if leave_out != "concurrency" and not pd.isna(cell["concurrency"]) and cell["concurrency"] != 1:
-        parts.append(f"c{cell['concurrency']}")
+    if leave_out != "concurrency" and load_words(cell):
+        parts.append(load_words(cell))
     return ", ".join(parts)
 
 
@@ -338,6 +339,70 @@ def _box_figure(configs: list[dict[str, Any]], values: dict[str, list[float]], t
     return fig
 
 
+def _throughput(r: dict[str, Any]) -> float:
+    """A load's throughput: output tok/s over all its requests (the requests' own at concurrency 1)."""
+    one = _na(r["request_rate"]) and r["concurrency"] == 1
+    return _num(r["tok_s_mean"] if one else r["burst_tok_s_mean"])
+
+
+def _pareto_figure(rows: list[dict[str, Any]], title: str) -> Optional[Figure]:
+    """Per cell swept over loads (crossover.table): throughput against p90 e2e latency for every config across the
+    loads, each point labelled with its load; each crossover marked (a star between the two loads around it,
+    where the line between them is at the interpolated load)."""
+    pays = crossover.table(pd.DataFrame(rows))
+    if pays.empty:
+        return None
+    groups = list(pays.groupby([*crossover.GROUP, "axis"], sort=False, dropna=False))
+    fig, axes = _figure(len(groups), title, width=5.2, height=3.8)
+    colors = Colors()
+    drawn = False
+    for k, (ax, (key, group)) in enumerate(zip(axes, groups)):
+        axis = key[-1]
+        cell = dict(zip(crossover.GROUP, key))
+        for first in sorted(_records_of(group), key=_order):
+            mine = sorted((r for r in rows if r["config_id"] == first["config_id"]
+                           and all(r[g] == cell[g] for g in ("workload", "max_tokens", "context_tokens"))
+                           and (not _na(r["request_rate"])) == (axis == "request_rate")),
+                          key=lambda r: float(r[axis]))
+            pts = [(r, _num(r["e2e_p90_s"]), _throughput(r)) for r in mine]
+            pts = [(r, x, y) for r, x, y in pts if _finite(x) and _finite(y)]
+            if not pts:
+                continue
+            label = method_label(first)
+            color = colors(label)
+            ax.plot([x for _, x, _ in pts], [y for _, _, y in pts], marker="o", markersize=4, color=color,
+                    label=label, gid=f"p{k}-{first['config_id']}")
+            drawn = True
+            for r, x, y in pts:
+                ax.annotate(load_words({**r, "concurrency": r["concurrency"] if axis == "concurrency" else None})
+                            or "c1", (x, y), xytext=(3, 3), textcoords="offset points", fontsize=6, color=color)
+            at = first["crossover"]
+            if not _na(at):
+                loads = [float(r[axis]) for r, _, _ in pts]
+                xs, ys = [x for _, x, _ in pts], [y for _, _, y in pts]
+                cx, cy = float(np.interp(at, loads, xs)), float(np.interp(at, loads, ys))
+                ax.plot([cx], [cy], marker="*", markersize=12, color=color, linestyle="none",
+                        markeredgecolor="black", gid=f"p{k}-crossover-{first['config_id']}",
+                        label=f"crossover ({label})")
+        ax.set_title(f"{cell_title({**cell, 'concurrency': 1, 'request_rate': None})}: over {axis.replace('_', ' ')}",
+                     fontsize=9)
+        ax.set_xlabel("p90 e2e latency (s)")
+        ax.set_ylabel("output tok/s, all requests")
+        ax.grid(True, alpha=0.3)
+    if not drawn:
+        return None
+    _legend(fig, axes)
+    return fig
+
+
+def _records_of(df: pd.DataFrame) -> list[dict[str, Any]]:
+    return [dict(zip(df.columns, values)) for values in df.values]
+
+
+def _na(v: Any) -> bool:
+    return v is None or bool(pd.isna(v))
+
+
 def _host_figures(run: Run, host: str, tp: int, rows: list[dict[str, Any]]) -> Iterator[tuple[str, Figure]]:
     """The figures of one host and tp (`rows`: their rows of the table) that have data, named."""
     name, where = f"{_safe(host)}-tp{tp}", f"{host} tp{tp}"
@@ -360,6 +425,8 @@ def _host_figures(run: Run, host: str, tp: int, rows: list[dict[str, Any]]) -> I
             _sweep_panels(rows, "concurrency"), f"{where}: per-request speedup vs concurrency (95% interval)",
             "requests in flight", speedup, log2_x=True, baseline=True)),
     ]
+    made.append(("throughput-vs-latency", _pareto_figure(
+        rows, f"{where}: throughput against p90 latency across loads; ★ where speculation stops paying")))
     configs = _configs(rows)
     lat = _latencies(run, host, configs)
     for field_, kind, what in (("ttft_s", "ttft", "time to first token (s)"),

@@ -188,7 +188,8 @@ def test_text_fits_120_columns_and_sorts_budgets_by_number(runs: tuple[Path, Pat
     assert max(map(len, wide.splitlines())) > WIDTH
     header = wide.split("## Every cell\n\n", 1)[1].splitlines()[0]
     assert [h.strip() for h in header.strip("|").split("|")] == [
-        "host", "engine", "model", "tp", "workload", "max_tokens", "context_tokens", "concurrency", "config_id",
+        "host", "engine", "model", "tp", "workload", "max_tokens", "context_tokens", "concurrency", "request_rate",
+        "config_id",
         "method", "method_params", "a_n", "a_tok_s_mean", "a_tok_s_std", "a_status", "b_n", "b_tok_s_mean",
         "b_tok_s_std", "b_status", "ratio", "ci_low", "ci_high", "verdict"]
     budgets = ["tp1-ddtree-b8", "tp1-ddtree-b16", "tp1-ddtree-b32", "tp1-ddtree-b64"]

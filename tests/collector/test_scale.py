@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats
 
 import collector.load as load
+from agent import records
 from collector.load import load_run
 from collector.mdtable import pipe_rows, pipe_table
 from collector.outputs.json import dumps_indented
@@ -170,36 +173,43 @@ def test_the_request_lines_are_still_there_to_read(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 
 def test_cell_figures_by_column_equal_the_reports_own(tmp_path: Path) -> None:
-    """Random rows (reps interleaved across cells, failed requests, rows without send times, a burst whose span
-    is zero, accept lengths and TPOT on some rows only): every cell's n, mean and std of tok/s, mean accept
-    length, TTFT and TPOT, and the bursts' mean and std, exactly as worked out from the lines themselves with
-    tables.bursts and stats.mean_std."""
+    """Random rows (reps interleaved across cells, closed and open loop, failed requests, rows without send times, a
+    burst whose span is zero, accept lengths and TPOT on some rows only): every cell's n, mean and std of tok/s,
+    mean accept length, TTFT and TPOT, the bursts' mean and std, and its serving figures (percentiles, requests
+    within limits, goodput, achieved rate, send lag), exactly as worked out from the lines themselves."""
     rng = random.Random(7)
-    cells = [("fib", 64, 0, 1), ("fib", 64, 0, 4), ("json", 128, 512, 2)]
+    cells = [("fib", 64, 0, 1, None), ("fib", 64, 0, 4, None), ("json", 128, 512, 2, None), ("fib", 64, 0, 0, 2),
+             ("fib", 64, 0, 0, "inf")]
     rows = []
     for rep in range(12):
-        for w, mt, ctx, conc in rng.sample(cells, len(cells)):
+        for w, mt, ctx, conc, rate in rng.sample(cells, len(cells)):
             t0 = rep * 100.0
-            for slot in range(conc):
+            for slot in range(conc or 3):
                 ok = rng.random() > 0.08
                 timed = rng.random() > 0.05
-                rows.append({"host": "h", "config_id": "c", "method": "m", "method_params": {}, "tp": 1,
-                             "workload": w, "max_tokens": mt, "context_tokens": ctx, "concurrency": conc,
-                             "rep": rep, "ok": ok, "output_tok_s": rng.uniform(5, 50) if ok else None,
-                             "completion_tokens": mt if ok else None,
-                             "tpot_s": rng.uniform(0.01, 0.1) if rng.random() > 0.3 else None,
-                             "accept_length": rng.uniform(1, 5) if rng.random() > 0.5 else None,
-                             "ttft_s": rng.uniform(0.01, 1) if ok else None,
-                             **({"sent_s": t0 + slot * 0.001, "done_s": t0 + (rng.uniform(1, 9) if rep else 0.0)}
-                                if timed else {})})
+                due = t0 + (0.0 if rate in (None, "inf") else slot / rate)
+                sent = due + rng.uniform(0, 0.2)
+                row = {"host": "h", "config_id": "c", "method": "m", "method_params": {}, "tp": 1,
+                       "workload": w, "max_tokens": mt, "context_tokens": ctx, "concurrency": conc,
+                       "rep": rep, "ok": ok, "output_tok_s": rng.uniform(5, 50) if ok else None,
+                       "completion_tokens": mt if ok else None,
+                       "tpot_s": rng.uniform(0.01, 0.1) if rng.random() > 0.3 else None,
+                       "accept_length": rng.uniform(1, 5) if rng.random() > 0.5 else None,
+                       "ttft_s": rng.uniform(0.01, 1) if ok else None, "e2e_s": rng.uniform(1, 9) if ok else None,
+                       "chunk_gap_max_s": rng.uniform(0.01, 0.5) if ok and rng.random() > 0.2 else None,
+                       **({"sent_s": sent, "done_s": t0 + (rng.uniform(1, 9) if rep else 0.0)} if timed else {})}
+                if rate is not None:
+                    row.update(request_rate=rate, scheduled_s=due)
+                rows.append(row)
     path = tmp_path / "c" / "requests.jsonl"
     path.parent.mkdir()
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     got = {c.key: c for c in load.read_cells(path).cells}
-    assert list(got) == list(dict.fromkeys((r["workload"], r["max_tokens"], r["context_tokens"], r["concurrency"])
-                                           for r in rows))
+    assert list(got) == list(dict.fromkeys(records.cell_key(r) for r in rows))
+    assert (*cells[-1][:4], math.inf) in got
+    slo = {"ttft_ms": 500, "itl_ms": 300, "e2e_ms": 7000}
     for key, c in got.items():
-        mine = [r for r in rows if (r["workload"], r["max_tokens"], r["context_tokens"], r["concurrency"]) == key]
+        mine = [r for r in rows if records.cell_key(r) == key]
         oks = [r for r in mine if r["ok"]]
         tok = [r["output_tok_s"] for r in oks]
         assert (c.n_total, c.errors) == (len(mine), len(mine) - len(oks))
@@ -207,12 +217,32 @@ def test_cell_figures_by_column_equal_the_reports_own(tmp_path: Path) -> None:
         for attr, name in (("acc_mean", "accept_length"), ("ttft_mean", "ttft_s"), ("tpot_mean", "tpot_s")):
             have = [r[name] for r in oks if r.get(name) is not None]
             assert getattr(c, attr) == (sum(have) / len(have) if have else None), attr
-        if key[3] > 1:
+        if key[3] > 1 or key[4] is not None:
             want = bursts(mine)
             assert want, "the data should hold whole bursts"
             assert c.bursts == (len(want), *mean_std(want))
         else:
             assert c.bursts == (0, None, None)
+        served = c.serving
+        assert served is not None
+        for name in ("ttft", "tpot", "e2e"):
+            have = [r[f"{name}_s"] for r in oks if r.get(f"{name}_s") is not None]
+            assert served.percentiles(name) == pytest.approx(tuple(np.percentile(have, (50, 90, 99))))
+        within = [r for r in oks if r["ttft_s"] <= 0.5 and r["e2e_s"] <= 7 and (r.get("chunk_gap_max_s") is None
+                                                                              or r["chunk_gap_max_s"] <= 0.3)]
+        assert served.share(slo) == pytest.approx(len(within) / len(mine))
+        good = []
+        for rep in sorted({r["rep"] for r in mine}):
+            timed = [r for r in mine if r["rep"] == rep and "sent_s" in r]
+            span = max(r["done_s"] for r in timed) - min(r["sent_s"] for r in timed) if timed else 0
+            if span > 0:
+                good.append(sum(r["completion_tokens"] for r in within if r["rep"] == rep) / span)
+        assert served.goodput(slo)[1] == pytest.approx((len(good), *mean_std(good)), nan_ok=True)
+        if key[4] is None:
+            assert served.achieved == [] and served.late() is None
+        else:
+            lags = [r["sent_s"] - r["scheduled_s"] for r in mine if "sent_s" in r]
+            assert served.late() == pytest.approx(float(np.percentile(lags, 99)))
 
 
 # ---------------------------------------------------------------------------------------------------------------

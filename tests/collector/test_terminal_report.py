@@ -168,7 +168,8 @@ def test_method_labels_are_the_matrix_labels(run_dir: Path) -> None:
 def test_by_workload_has_a_row_per_cell_and_a_column_per_method(run_dir: Path) -> None:
     run = load_run(run_dir)
     view = by_workload(table(run), outcomes(run))
-    assert list(view.columns) == ["host", "tp", "workload", "max_tokens", "context_tokens", "concurrency", AR,
+    assert list(view.columns) == ["host", "tp", "workload", "max_tokens", "context_tokens", "concurrency",
+                                  "request_rate", AR,
                                   "dflash", "dflash-nooverlap", "ddtree-b8", "ddtree-b12", "ddtree-b15", "ddtree-b16",
                                   "ddtree-b32", "ddtree-b64", LONG_ID]
     cells = [tuple(r) for r in view[["host", "tp", "workload", "context_tokens", "concurrency"]].itertuples(False)]
@@ -179,7 +180,7 @@ def test_by_workload_has_a_row_per_cell_and_a_column_per_method(run_dir: Path) -
     assert row[AR] == "12.0 (1.00x)" and row["dflash"] == "24.0 (2.00x)" and row["ddtree-b12"] == "33.0 (2.75x)"
     assert row["ddtree-b64"] == "16.5 (1.38x)" and row[LONG_ID] == "15.0 (1.25x)"
     arith = view.iloc[0].to_dict()  # only DFlash and b16 measure the long context; the baseline does too
-    assert [c for c in view.columns[6:] if arith[c]] == [AR, "dflash", "ddtree-b16"]
+    assert [c for c in view.columns[7:] if arith[c]] == [AR, "dflash", "ddtree-b16"]
     assert arith["dflash"] == "24.0 (2.00x)"
     b = view[(view["host"] == "gpu-node-b") & (view["workload"] == "fib") & (view["concurrency"] == 1)]
     b_tp1, b_tp4 = b.iloc[0].to_dict(), b.iloc[1].to_dict()
@@ -222,8 +223,8 @@ def test_wrap_keeps_the_mark_and_paths_whole() -> None:
 # ---------------------------------------------------------------------------------------------------------------
 
 SECTIONS = ["Environment", "Speedup vs the autoregressive baseline", "Checks that did not pass, and packing",
-            "Baseline alone vs packed", "Across hosts", "DDTree budgets against DFlash", "Time per config (seconds)",
-            "Problems in the results (skipped)"]
+            "Where speculation pays", "Baseline alone vs packed", "Across hosts", "DDTree budgets against DFlash",
+            "Time per config (seconds)", "Problems in the results (skipped)"]
 TP1_ORDER = ["autoregressive", "dflash", "dflash-nooverlap", *(f"ddtree-b{b}" for b in (8, 12, 15, 16, 32, 64)),
              LONG_ID]
 
