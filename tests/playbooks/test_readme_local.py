@@ -34,6 +34,9 @@ pytestmark = pytest.mark.engine
 
 HOST_RESULTS = ROOT / ".work/hosts/local/results"   # bench_host_dir of host_vars/local.yml
 CONFIGS = ["tp1-autoregressive", "tp1-ngram-k2", "tp1-ngram-k4", "tp1-draft_model-k3"]
+# host_vars/local.yml: 4 workloads x 2 contexts at c1; fib at c2, c4, c8; fib at 8, 32 req/s and all at once
+CELLS = 4 * 2 + 3 + 3
+REQUESTS = 3 * (4 * 2 + 2 + 4 + 8 + 3 * 8)  # each cell 3 times; 8 requests a repetition at each rate
 ROW_TYPES = {"host": str, "config_id": str, "method": str, "method_params": dict, "tp": int, "workload": str,
              "max_tokens": int, "context_tokens": int, "concurrency": int, "rep": int, "prompt_tokens": int,
              "completion_tokens": int, "ttft_s": float, "e2e_s": float, "output_tok_s": float, "ok": bool}
@@ -189,7 +192,8 @@ def test_the_demo_results_follow_the_contract(demo: Demo) -> None:
         assert config["warmup_max_tokens"] == 32
         assert "Application startup complete" in (d / "server.log").read_text()
         rows = [json.loads(line) for line in (d / "requests.jsonl").read_text().splitlines()]
-        assert len(rows) == 4 * 2 * (1 + 4) * 3  # workloads x contexts x (c1 + c4 requests) x reps
+        # 3 reps of: workloads x contexts at c1, fib at c2, c4, c8, and 8 requests at each of 3 rates
+        assert len(rows) == REQUESTS
         for r in rows:
             for key, typ in ROW_TYPES.items():
                 assert isinstance(r[key], typ), (key, r[key])
@@ -199,12 +203,17 @@ def test_the_demo_results_follow_the_contract(demo: Demo) -> None:
                 assert r["prompt_tokens"] == 512  # built to size with the server's tokenizer
             assert (r["accept_length"] is None) == (cid == "tp1-autoregressive")
             assert r["output_tok_s"] == pytest.approx(r["completion_tokens"] / r["e2e_s"])
-        assert {(r["concurrency"], r["rep"]) for r in rows} == {(c, k) for c in (1, 4) for k in range(3)}
+        assert {(r["concurrency"], r.get("request_rate"), r["rep"]) for r in rows} == {
+            (c, rate, k) for c, rate in ((1, None), (2, None), (4, None), (8, None), (0, 8), (0, 32), (0, "inf"))
+            for k in range(3)}
+        # open loop: each request sent on the cell's schedule, whether or not the earlier ones had finished
+        for r in (r for r in rows if "request_rate" in r):
+            assert r["sent_s"] >= r["scheduled_s"] - 1e-6, r
         # the server's own counters agree with the rows: tokens and requests exactly, acceptance within 1%
         counted = status["counters"]
         assert counted["verdict"] == "ok", counted
-        assert counted["generation_tokens"] == {"server": 120 * 128, "rows": 120 * 128, "ok": True}
-        assert counted["requests"] == {"server": 120, "rows": 120, "ok": True}
+        assert counted["generation_tokens"] == {"server": REQUESTS * 128, "rows": REQUESTS * 128, "ok": True}
+        assert counted["requests"] == {"server": REQUESTS, "rows": REQUESTS, "ok": True}
         assert ("accept_length" in counted) == (cid != "tp1-autoregressive")
         assert isinstance(status["order_seed"], int) and status["host_load"]["engine_cpu_s"] > 0
         assert [(r["sent_s"] >= 0, r["done_s"] > r["sent_s"]) for r in rows] == [(True, True)] * len(rows)
@@ -224,7 +233,9 @@ def test_the_demo_records_validate_against_the_published_schemas(demo: Demo) -> 
         for line in (d / "requests.jsonl").read_text().splitlines():
             row = json.loads(line)
             schemas["requests.jsonl"].validate(row)
-            assert set(row) == set(schemas["requests.jsonl"].schema["properties"]), set(row)
+            every = set(schemas["requests.jsonl"].schema["properties"])
+            # every field but the open-loop ones on a closed-loop row
+            assert set(row) == (every if "request_rate" in row else every - {"request_rate", "scheduled_s"}), row
 
 
 def test_make_test_fast_runs_the_tests_not_marked_slow() -> None:
@@ -234,8 +245,8 @@ def test_make_test_fast_runs_the_tests_not_marked_slow() -> None:
     assert plan.returncode == 0, plan.stdout[-2000:] + plan.stderr[-2000:]
     [command] = [line for line in plan.stdout.splitlines() if "pytest" in line]
     assert '-m "not slow"' in command, command
-    res = subprocess.run(f"{command} --collect-only -q", shell=True, cwd=ROOT, capture_output=True, text=True,
-                         timeout=300)
+    res = subprocess.run(f"{command} --collect-only -q -n 0", shell=True, cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)  # -n 0: collected here, each test named
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
     summary = res.stdout.strip().splitlines()[-1]
     m = re.search(r"(\d+)/(\d+) tests collected \((\d+) deselected\)", summary)
@@ -251,7 +262,7 @@ def test_collector_report_in_each_format(demo: Demo, fmt: str) -> None:
     if fmt == "csv":
         table = list(csv.DictReader(io.StringIO(res.stdout)))
         assert set(TABLE_COLUMNS) <= set(table[0])
-        assert len(table) == 4 * 16  # 4 configs x (4 workloads x 2 contexts x 2 concurrencies)
+        assert len(table) == 4 * CELLS  # 4 configs x their cells
         base = [r for r in table if r["method"] == "autoregressive"]
         assert all(float(r["speedup"]) == 1.0 and r["status"] == "ok" for r in base)
         spec = [r for r in table if r["method"] != "autoregressive"]
@@ -259,9 +270,19 @@ def test_collector_report_in_each_format(demo: Demo, fmt: str) -> None:
         assert all(float(r["accept_length_mean"]) >= 1.0 for r in spec)
         assert res.stdout == (demo.run_dir / "report.csv").read_text()
     elif fmt == "json":
-        assert len(json.loads(res.stdout)["rows"]) == 64
+        doc = json.loads(res.stdout)
+        assert len(doc["rows"]) == 4 * CELLS
+        # where speculation pays: each config over concurrency 1-8 and over the three rates, from these numbers
+        pays = {(r["config_id"], r["axis"]): r for r in doc["where_speculation_pays"]}
+        assert set(pays) == {(cid, axis) for cid in CONFIGS for axis in ("concurrency", "request_rate")}
+        for (cid, axis), r in pays.items():
+            assert r["loads"] == ("c1, c2, c4, c8" if axis == "concurrency" else "8 req/s, 32 req/s, all at once")
+            if cid != "tp1-autoregressive":
+                assert r["crossover_kind"] in ("crosses", "everywhere", "never", "other") and r["crossover_text"]
+                assert r["goodput_crossover_text"] and r["max_load_within_slo"]
     else:
         assert "| cell " in res.stdout and "draft_model-k3" in res.stdout
+        assert "## Where speculation pays" in res.stdout
         assert max(len(line) for line in res.stdout.splitlines()) <= 120
 
 
