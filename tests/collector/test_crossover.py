@@ -62,7 +62,7 @@ def suite(with_open: bool) -> dict[str, Any]:
 
 
 def _rows(identity: dict[str, Any], cell: dict[str, Any], ratio: Optional[float], spread: tuple[float, ...],
-          slow: bool) -> list[dict[str, Any]]:
+          slow: bool, late: float = 0.0) -> list[dict[str, Any]]:
     """Every repetition of one cell: throughput BASE_TOK_S × ratio × spread[rep] over the repetition's span."""
     out = []
     open_loop = cell.get("request_rate") is not None
@@ -84,13 +84,13 @@ def _rows(identity: dict[str, Any], cell: dict[str, Any], ratio: Optional[float]
                    "tpot_s": (done - sent - ttft) / (TOKENS - 1), "chunk_gap_max_s": 0.01, "ok": True,
                    "error": None, "sent_s": sent, "done_s": done}
             if open_loop:
-                row["scheduled_s"] = sent
+                row["scheduled_s"] = sent - late * (i % 2)  # every other request sent `late` after it was due
             out.append(records.request_row(identity, cell, rep, row))
     return out
 
 
 def write_run(root: Path, ratios: dict[str, list[Optional[float]]] = RATIOS, spread: tuple[float, ...] = SPREAD,
-              name: str = "run-x", with_open: bool = True) -> Path:
+              name: str = "run-x", with_open: bool = True, late: float = 0.0) -> Path:
     run_dir = root / "results" / name
     store = HostStore(run_dir, HOST)
     host = Host(suite=suite(with_open), engine=ENGINES["vllm"], store=store, engine_info={"version": "0.20.0"})
@@ -106,7 +106,7 @@ def write_run(root: Path, ratios: dict[str, list[Optional[float]]] = RATIOS, spr
             if cell.get("request_rate") is not None:
                 at = RATES.index(cell["request_rate"])
                 ratio = 1.0 if lab == "autoregressive" else OPEN_RATIOS[lab][at]
-                rows += _rows(identity, cell, ratio, spread, False)
+                rows += _rows(identity, cell, ratio, spread, False, late)
                 continue
             at = LOADS.index(cell["concurrency"])
             ratio = 1.0 if lab == "autoregressive" else ratios[lab][at]
@@ -252,6 +252,18 @@ def test_open_loop_rates_cross_with_all_at_once_last(tmp_path: Path) -> None:
     assert {r["request_rate"] for r in doc["rows"]} == {None, 1, 2, 4, "inf"}
     assert any(r["axis"] == "request_rate" and r["crossover"] == pytest.approx(3.0)
                for r in doc["where_speculation_pays"])
+
+
+@pytest.mark.parametrize("late, flagged", [(0.0, False), (0.05, False), (0.3, True)])
+def test_a_client_that_sent_late_is_flagged_behind_schedule(tmp_path: Path, late: float, flagged: bool) -> None:
+    """Every other request of the open-loop cells sent `late` seconds after it was due: the p99 of the lag is
+    reported, and past 0.1 s the cell is flagged; closed-loop cells have no schedule to keep."""
+    df = table(load_run(write_run(tmp_path, late=late)))
+    opened = df[df["request_rate"].notna()]
+    assert list(opened["send_lag_p99_s"]) == pytest.approx([late] * len(opened), abs=1e-9)
+    assert {"behind_schedule" in f.split(",") for f in opened["flags"]} == {flagged}
+    closed = df[df["request_rate"].isna()]
+    assert closed["send_lag_p99_s"].isna().all() and not closed["flags"].str.contains("behind_schedule").any()
 
 
 def test_the_report_shows_where_speculation_pays(tmp_path: Path) -> None:

@@ -151,7 +151,9 @@ def test_files_exist_decode_and_parse(written: tuple[Path, list[Path]]) -> None:
     out, paths = written
     kinds = ["speedup-vs-budget", "tok-s", "accept-length-vs-budget", "speedup-vs-context", "ttft", "tpot"]
     want = {f"{k}-gpu1-tp{tp}.{fmt}" for k in kinds for tp in (1, 2) for fmt in ("png", "svg")}
-    want |= {f"speedup-vs-concurrency-gpu1-tp1.{fmt}" for fmt in ("png", "svg")}
+    # the concurrency sweep at tp1 also gives the throughput-against-latency view of its loads
+    want |= {f"{k}-gpu1-tp1.{fmt}" for k in ("speedup-vs-concurrency", "throughput-vs-latency")
+             for fmt in ("png", "svg")}
     assert {p.name for p in paths} == want
     assert {p.name for p in out.iterdir()} == want
     for p in paths:

@@ -119,7 +119,8 @@ def test_malformed_matrix_reports_every_field_at_once_and_no_secret(bench: Bench
         "bench_phases[0].sweeps[0].concurrency[0]: 0 is less than the minimum of 1; allowed: an integer from 1 to 4096",
         "bench_phases[0].sweeps[0].max_tokens[0]: -1 is less than the minimum of 1; allowed: an integer from 1 to "
         "1048576",
-        "bench_phases[0].sweeps[0].speed: unknown key; allowed keys: concurrency, context_tokens, max_tokens",
+        "bench_phases[0].sweeps[0].speed: unknown key; allowed keys: arrival, concurrency, context_tokens, "
+        "duration_s, max_tokens",
         "bench_phases[0].sweeps[0].workloads: [] should be non-empty (at least 1 item)",
         "bench_phases[0].tp: '1' is not of type 'integer'; allowed: an integer >= 1",
         "bench_phases[1].configs: [] should be non-empty (at least 1 item)",
