@@ -1,7 +1,7 @@
 """The embedded suite as `make demo` runs it (`ansible-playbook bench.yml -l local`) with this checkout's profile
 against the profile of another commit (its `host_vars/local.yml`, passed as extra vars: the same code runs both),
-alternated, each pair in one invocation of this script. Prints each run's wall (the playbook's, and the configs'
-from the first one's start to the last one's end), its requests, and the new/peer ratio of the playbook's wall per
+alternated, each pair in one invocation of this script. Prints each run's wall (the playbook's, and the agent's
+suite from its first start to its last end), its requests, and the new/peer ratio of the playbook's wall per
 pair and overall: how much a change of the demo's matrix costs.
 
 Usage: python benchmarks/demo_wall.py --peer <git ref> [--pairs N]
@@ -12,44 +12,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import runpy
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def statuses(run_id: str) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in (ROOT / "results" / run_id / "local").glob("*/status.json")]
+# The playbook run and the suite's wall as benchmarks/pack_wall.py times them (a script, not a module: loaded by path)
+_PACK_WALL = runpy.run_path(str(ROOT / "benchmarks" / "pack_wall.py"))
+play: Callable[[str, list[str]], tuple[float, float | None]] = _PACK_WALL["play"]
 
 
 def requests_of(run_id: str) -> int:
     """Timed requests the run recorded, over its configs."""
-    return sum(int(s.get("requests") or 0) for s in statuses(run_id))
-
-
-def suite_wall(run_id: str) -> float | None:
-    """Seconds from the first config's start to the last one's end, from their status.json."""
-    got = statuses(run_id)
-    if not got:
-        return None
-    start = min(datetime.fromisoformat(s["started_at"]) for s in got)
-    return (max(datetime.fromisoformat(s["finished_at"]) for s in got) - start).total_seconds()
-
-
-def play(run_id: str, extra: list[str]) -> tuple[float, float | None]:
-    t0 = time.monotonic()
-    res = subprocess.run(["ansible-playbook", "bench.yml", "-l", "local", "-e", f"run_id={run_id}", *extra],
-                         cwd=ROOT, capture_output=True, text=True)
-    wall = time.monotonic() - t0
-    if res.returncode != 0:
-        sys.exit(f"{run_id} failed ({res.returncode}):\n{res.stdout[-3000:]}")
-    return wall, suite_wall(run_id)
+    return sum(int(json.loads(p.read_text()).get("requests") or 0)
+               for p in (ROOT / "results" / run_id / "local").glob("*/status.json"))
 
 
 def main() -> None:
