@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from . import tables
+from .views import na as _na
 
 GROUP = ["host", "engine", "model", "tp", "workload", "max_tokens", "context_tokens"]
 COLUMNS = GROUP + ["axis", "config_id", "method", "method_params", "loads", "load_min", "load_max", "best_speedup",
@@ -105,10 +106,6 @@ def crossing(points: Sequence[Point], axis: str) -> Crossing:
     if again:
         text += f"; pays again at {', '.join(load_text(x, axis) for x in again)}"
     return Crossing(at, low, high, text)
-
-
-def _na(v: Any) -> bool:
-    return v is None or bool(pd.isna(v))
 
 
 def _num(x: Optional[float]) -> str:

@@ -25,8 +25,9 @@ from agent.store import write_atomic
 
 from .. import crossover
 from ..load import Run
-from ..tables import DDTREE, DFLASH, scheduling
+from ..tables import DDTREE, DFLASH, _records, scheduling
 from ..views import budget, budget_key, load_words, method_label
+from ..views import na as _na
 
 FORMATS = ("png", "svg")
 GAP_Y = 0.04  # where a gap's marker sits, in axes coordinates: at the foot of the axes, never at a value
@@ -359,7 +360,7 @@ def _pareto_figure(rows: list[dict[str, Any]], title: str) -> Optional[Figure]:
     for k, (ax, (key, group)) in enumerate(zip(axes, groups)):
         axis = key[-1]
         cell = dict(zip(crossover.GROUP, key))
-        for first in sorted(_records_of(group), key=_order):
+        for first in sorted(_records(group), key=_order):
             mine = sorted((r for r in rows if r["config_id"] == first["config_id"]
                            and all(r[g] == cell[g] for g in ("workload", "max_tokens", "context_tokens"))
                            and (not _na(r["request_rate"])) == (axis == "request_rate")),
@@ -393,14 +394,6 @@ def _pareto_figure(rows: list[dict[str, Any]], title: str) -> Optional[Figure]:
         return None
     _legend(fig, axes)
     return fig
-
-
-def _records_of(df: pd.DataFrame) -> list[dict[str, Any]]:
-    return [dict(zip(df.columns, values)) for values in df.values]
-
-
-def _na(v: Any) -> bool:
-    return v is None or bool(pd.isna(v))
 
 
 def _host_figures(run: Run, host: str, tp: int, rows: list[dict[str, Any]]) -> Iterator[tuple[str, Figure]]:
