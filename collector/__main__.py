@@ -1,6 +1,7 @@
-"""The `specfleet` command (also `python -m collector`): `report`, `compare`, `plot`, `where`, `pull`, and for the
-playbooks `stamp` (run.json), `unpack` (one host's archive into the run folder), `finish` (run.json closed, the
-report written, the run judged) and `verdict`."""
+"""The `specfleet` command (also `python -m collector`): `report`, `compare`, `plot`, `where`, `pull`, `db` and
+`history` (the history store), and for the playbooks `stamp` (run.json), `unpack` (one host's archive into the run
+folder), `finish` (run.json closed, the history store updated, the report written, the run judged) and
+`verdict`."""
 from __future__ import annotations
 
 import argparse
@@ -29,6 +30,19 @@ B ÷ A is below 1 - threshold and its interval lies wholly below 1; improved, sy
 over loads, its crossover (where its throughput, or goodput, falls below the baseline's) in each run: it moved down
 when B's interval lies wholly below A's. Exits 1 when a cell regressed, a crossover moved down, or a config ok in A
 failed or was skipped in B (it broke), so that it can gate a CI job after an engine bump."""
+
+
+DB = """Build or update the history store: one DuckDB file (RESULTS/specfleet.duckdb) holding every run under the
+results folder: its request rows, its cells (the report's table), configs, statuses and each host's environment
+(engine build, driver, GPUs, specfleet commit), keyed by run id, host and config digest. A run already stored and
+unchanged is not read again; a run whose folder is gone is dropped; a damaged file is skipped and named with its
+line. bench.yml updates it at the end of every run. --sql answers a query from it; the DuckDB CLI opens the file
+too."""
+
+HISTORY = """Per cell (host, config, workload, max_tokens, context, load): tok/s, speedup and acceptance length over
+the runs in the history store, each with its 95% interval, what changed on the host or in the config since the
+cell's previous run (e.g. `sglang a1b2c3 → d4e5f6`, `server args: added --max-num-seqs 8`), and the figures whose
+interval lies wholly outside the spread (every interval) of the previous --window runs of the cell."""
 
 
 def _commit() -> str | None:
@@ -107,12 +121,81 @@ def report(args: argparse.Namespace) -> int:
     if root is None:
         return 2
     run = _load(root)
+    from .history import for_run
     from .report import render, write
+    from .store import DB_FILE
 
-    written = write(root, run) if args.write else {}
+    history = for_run(Path(args.db) if args.db else root.parent / DB_FILE, root.name) if args.db != "" else []
+    written = write(root, run, history=history) if args.write else {}
     shown = written.get(args.format) if not args.wide or args.format == "html" else None
-    sys.stdout.write(shown if shown is not None else render(run, args.format, wide=args.wide, folder=root))
+    sys.stdout.write(shown if shown is not None else render(run, args.format, wide=args.wide, folder=root,
+                                                            history=history))
     return 0
+
+
+def db(args: argparse.Namespace) -> int:
+    """Build or update the history store; with --sql, then answer a query from it."""
+    from .store import DB_FILE, Busy, update
+
+    results = Path(args.results)
+    if not results.is_dir():
+        print(f"no results folder: {results}", file=sys.stderr)
+        return 2
+    path = Path(args.db) if args.db else results / DB_FILE
+    try:
+        summary = update(results, path, rebuild=args.rebuild, warn=lambda s: print(s, file=sys.stderr))
+    except Busy as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print(summary.line(), file=sys.stderr if args.sql else sys.stdout)
+    if not args.sql:
+        return 0
+    from .store import sql
+
+    try:
+        sys.stdout.write(sql(path, args.sql, args.format))
+    except ValueError as exc:
+        print(f"--sql: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def history(args: argparse.Namespace) -> int:
+    """Print each matching cell's figures over the runs in the history store."""
+    from .history import Filters, points, render, since
+    from .store import DB_FILE, Busy, connect
+
+    path = Path(args.db) if args.db else Path(args.results) / DB_FILE
+    if not path.is_file():
+        print(f"no history store at {path}: build it with `specfleet db`", file=sys.stderr)
+        return 2
+    try:
+        when = since(args.since) if args.since else None
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    f = Filters(host=args.host, config=args.config, workload=args.workload, since=when, last=args.last,
+                window=args.window)
+    try:
+        con = connect(path, read_only=True)
+    except Busy as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    try:
+        sys.stdout.write(render(points(con, f), args.format, f))
+    finally:
+        con.close()
+    return 0
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is below 0")
+    return value
 
 
 def finish(args: argparse.Namespace) -> int:
@@ -124,11 +207,29 @@ def finish(args: argparse.Namespace) -> int:
     from .report import write
     from .verdict import judge
 
-    report_md = write(root, run, plots=not args.no_plots)["md"]
+    history, stored = _store_run(root, args.db)
+    report_md = write(root, run, plots=not args.no_plots, history=history)["md"]
     result = judge(run, args.hosts, args.fail_on)
     sys.stdout.write(report_md)
-    print("\n" + json.dumps({"ok": result.ok, "lines": result.lines}))
+    print("\n" + json.dumps({"ok": result.ok, "lines": result.lines, "history": stored}))
     return 0 if result.ok else 1
+
+
+def _store_run(root: Path, db: str | None) -> tuple[list[dict[str, Any]], str]:
+    """The history store brought up to date with the results folder that holds `root`, and the run's cells'
+    history from it; a store that cannot be updated costs the report its history, nothing else. `db` "": none."""
+    if db == "":
+        return [], "history store: off"
+    try:
+        from .history import for_run
+        from .store import update
+
+        summary = update(root.parent, Path(db) if db else None, warn=lambda s: print(s, file=sys.stderr))
+        return for_run(summary.db, root.name), summary.line()
+    except Exception as exc:  # noqa: BLE001  (the report is written whatever the store's trouble)
+        line = f"history store not updated: {type(exc).__name__}: {exc}"
+        print(f"warning: {line}", file=sys.stderr)
+        return [], line
 
 
 def plot(args: argparse.Namespace) -> int:
@@ -210,6 +311,36 @@ def add_compare_parser(sub: Any) -> None:
     p.set_defaults(func=_compare)
 
 
+def add_history_parsers(sub: Any) -> None:
+    """The `db` and `history` subcommands."""
+    d = sub.add_parser("db", help="build or update the history store (every run under the results folder, one "
+                       "DuckDB file); --sql to query it", description=DB,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    d.add_argument("--results", default="results", help="the results folder (default: %(default)s)")
+    d.add_argument("--db", help="the store (default: RESULTS/specfleet.duckdb)")
+    d.add_argument("--rebuild", action="store_true", help="read every run again, from an empty store")
+    d.add_argument("--sql", help="then run this query on the store and print its answer (tables: README's "
+                   "`History and SQL`)")
+    d.add_argument("--format", choices=("md", "csv", "json"), default="md", help="--sql's answer as a markdown "
+                   "table (default), CSV or JSON")
+    d.set_defaults(func=db)
+    h = sub.add_parser("history", help="each cell's tok/s, speedup and acceptance over the runs, with what changed "
+                       "between them", description=HISTORY, formatter_class=argparse.RawDescriptionHelpFormatter)
+    h.add_argument("--host", help="hosts, by name or glob pattern (tp1-*, ct2??)")
+    h.add_argument("--config", help="configs, by config_id or glob pattern (tp1-ddtree-*)")
+    h.add_argument("--workload", help="workloads, by name or glob pattern")
+    h.add_argument("--since", help="runs started on or after this date (YYYY-MM-DD, or an ISO date and time; UTC)")
+    h.add_argument("--last", type=_count, default=10, help="the newest runs shown per cell (default: %(default)s; "
+                   "0: every run)")
+    h.add_argument("--window", type=_count, default=5, help="a run is judged against the spread of this many "
+                   "previous runs of its cell (default: %(default)s)")
+    h.add_argument("--format", choices=("md", "csv", "json"), default="md", help="markdown tables per cell "
+                   "(default), or a row per cell and run as CSV or JSON")
+    h.add_argument("--results", default="results", help="the results folder (default: %(default)s)")
+    h.add_argument("--db", help="the store (default: RESULTS/specfleet.duckdb)")
+    h.set_defaults(func=history)
+
+
 def _pull(args: argparse.Namespace) -> int:
     from .pull import pull
 
@@ -232,8 +363,11 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--write", action="store_true", help="also write report.md/.csv/.json and report.html into "
                    f"the run folder, the plots into {PLOTS_DIR}/, {VS_FILE} when DDTree and DFlash share a cell, "
                    f"and {PACK_FILE} when a packed phase has a pack check")
+    r.add_argument("--db", help="the history store whose earlier runs of the run's cells the written report "
+                   "shows (default: specfleet.duckdb beside the run folder, when there is one; \"\": none)")
     r.set_defaults(func=report)
     add_compare_parser(sub)
+    add_history_parsers(sub)
     g = sub.add_parser("plot", help="draw a run's plots (PNG and SVG)", description="Draw a run's plots: speedup "
                        "against DDTree budget, tok/s, acceptance length, context and concurrency sweeps, latency.")
     g.add_argument("run_dir", metavar="RUN_DIR", help="the run's folder, results/<run_id>")
@@ -273,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--suite", help="the suite's name")
     f.add_argument("--fail-on", choices=FAIL_ON, default="none_ok", help="what fails the run (default: none_ok)")
     f.add_argument("--hosts", nargs="*", default=[], help="the hosts of the session")
+    f.add_argument("--db", help="the history store to update (default: specfleet.duckdb in the results folder "
+                   "that holds RUN_DIR; \"\": none)")
     f.add_argument("--no-plots", action="store_true", help="write the report files without plots (and remove an "
                    "earlier report's plots of the run): bench_report_plots=false")
     f.set_defaults(func=finish)

@@ -15,8 +15,10 @@ file format live here, and must say the same of every line.)
 """
 from __future__ import annotations
 
+import functools
 import gc
 import json
+import math
 import multiprocessing
 import os
 from dataclasses import dataclass, field
@@ -88,6 +90,7 @@ class RequestFile:
     count: int = 0
     problems: list[str] = field(default_factory=list)
     blank: bool = False
+    rows: Optional[dict[str, np.ndarray]] = None  # the valid lines by column (`row_columns`), when asked for
 
 
 @dataclass
@@ -100,6 +103,7 @@ class ConfigResult:
     first: Optional[dict[str, Any]] = None  # its first valid request line
     count: int = 0  # how many request lines were valid
     source: Optional[Path] = None  # its requests.jsonl, where there is one
+    rows: Optional[dict[str, np.ndarray]] = None  # its valid request lines by column, when load_run kept them
 
     @property
     def requests(self) -> list[dict[str, Any]]:
@@ -362,9 +366,33 @@ def _cells(cols: _Columns) -> list[CellRows]:
     return out
 
 
-def read_cells(path: Path) -> RequestFile:
-    """A requests.jsonl read by cell. Every line that is not a valid request is reported as `path:line`, as
-    `read_requests` reports it, and skipped."""
+ROW_KEYS = (*records.CELL, "rep")  # what row_columns gives of each line besides ok and NUMBERS
+
+
+def row_columns(cols: _Columns) -> dict[str, np.ndarray]:
+    """The valid lines as columns, in file order: ROW_KEYS (request_rate as `records.rate` gives it, NaN for a
+    closed-loop line), ok and NUMBERS (NaN: null)."""
+    pairs = list(cols.bursts)  # (cell, rep) of each pair, in the order of their first lines
+    first = np.fromiter(cols.bursts.values(), dtype=np.int64, count=len(pairs))
+    pair = np.searchsorted(first, cols.column("burst"))
+    out: dict[str, np.ndarray] = {}
+    for i, name in enumerate(ROW_KEYS):
+        values = [key[i] for key in pairs]
+        if name == "request_rate":
+            per_pair = np.array([math.nan if v is None else records.rate(v) for v in values], dtype=float)
+        elif name == "workload":
+            per_pair = np.array(values, dtype=object)
+        else:
+            per_pair = np.array(values, dtype=np.int64)
+        out[name] = per_pair[pair] if len(pairs) else per_pair
+    out["ok"] = cols.column("ok")
+    out.update((k, cols.column(k)) for k in NUMBERS)
+    return out
+
+
+def read_cells(path: Path, keep: bool = False) -> RequestFile:
+    """A requests.jsonl read by cell (`keep`: its valid lines by column too, `rows`). Every line that is not a
+    valid request is reported as `path:line`, as `read_requests` reports it, and skipped."""
     out = RequestFile()
     collecting = gc.isenabled()
     gc.disable()  # a million small objects, none of them in a cycle
@@ -375,6 +403,8 @@ def read_cells(path: Path) -> RequestFile:
             got = _plain_columns(rows), (rows[0] if rows else None)
         cols, out.first = got
         out.cells, out.count = _cells(cols), cols.n
+        if keep:
+            out.rows = row_columns(cols)
         if not out.count:
             data = path.read_bytes()
             out.blank = not data or data.isspace()  # not data.strip()
@@ -386,19 +416,23 @@ def read_cells(path: Path) -> RequestFile:
     return out
 
 
-def _read_all(paths: list[Path], meanwhile: Optional[Callable[[], Any]]) -> list[RequestFile]:
+def _read_all(paths: list[Path], meanwhile: Optional[Callable[[], Any]], keep: bool = False,
+              parallel: bool = True) -> list[RequestFile]:
     """Every file read by cell, in order; from PARALLEL_BYTES on by as many processes as there are CPUs (the
-    largest files first, so they end together), with `meanwhile` run here while they read."""
+    largest files first, so they end together; `parallel` false: never), with `meanwhile` run here while they
+    read."""
+    read = functools.partial(read_cells, keep=keep)
     sizes = [p.stat().st_size if p.is_file() else 0 for p in paths]
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     workers = min(cpus, len(paths))
-    if workers < 2 or sum(sizes) < PARALLEL_BYTES or "fork" not in multiprocessing.get_all_start_methods():
+    if (not parallel or workers < 2 or sum(sizes) < PARALLEL_BYTES
+            or "fork" not in multiprocessing.get_all_start_methods()):
         if meanwhile is not None:
             meanwhile()
-        return [read_cells(p) for p in paths]
+        return [read(p) for p in paths]
     order = sorted(range(len(paths)), key=lambda i: -sizes[i])
     with multiprocessing.get_context("fork").Pool(workers) as pool:
-        pending = pool.map_async(read_cells, [paths[i] for i in order], chunksize=1)
+        pending = pool.map_async(read, [paths[i] for i in order], chunksize=1)
         if meanwhile is not None:
             meanwhile()
         got = pending.get()
@@ -464,10 +498,12 @@ def _config(host_dir: Path, d: Path, problems: list[Any]) -> ConfigResult | None
     return result
 
 
-def load_run(root: Path, meanwhile: Optional[Callable[[], Any]] = None) -> Run:
+def load_run(root: Path, meanwhile: Optional[Callable[[], Any]] = None, keep_rows: bool = False,
+             parallel: bool = True) -> Run:
     """Every host folder (one holding host.json or config folders) and its configs. Damage is reported in
     `problems`, each naming its file (and line), and skipped; everything intact is kept. `meanwhile` runs
-    while the request lines are read (in other processes, for a large run)."""
+    while the request lines are read (in other processes, for a large run; `parallel` false: in this one).
+    `keep_rows`: each config's valid request lines are kept too, by column (ConfigResult.rows)."""
     problems: list[Any] = []
     meta = _read_json(root / "run.json", problems, "run metadata unknown")
     if meta is None and not (root / "run.json").exists():
@@ -486,13 +522,13 @@ def load_run(root: Path, meanwhile: Optional[Callable[[], Any]] = None) -> Run:
             if result is not None:
                 run.configs.append(result)
     later = [p for p in problems if isinstance(p, _Later)]
-    files = dict(zip(map(id, later), _read_all([p.path for p in later], meanwhile)))
+    files = dict(zip(map(id, later), _read_all([p.path for p in later], meanwhile, keep_rows, parallel)))
     for p in problems:
         if not isinstance(p, _Later):
             run.problems.append(p)
             continue
         f, c = files[id(p)], p.result
-        c.cells, c.first, c.count = f.cells, f.first, f.count
+        c.cells, c.first, c.count, c.rows = f.cells, f.first, f.count, f.rows
         run.problems += f.problems
         if c.status["status"] == "ok" and not f.count and f.blank:
             run.problems.append(f"{p.path}: empty, though status.json says ok; its cells have no data")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from agent.store import write_atomic
 
@@ -13,9 +13,11 @@ from .outputs import OUTPUTS, Context, by_name
 from .tables import table
 
 
-def render(run: Run, fmt: str, wide: bool = False, folder: Optional[Path] = None) -> str:
-    """The report in format `fmt` (md, csv, json; html with its plots drawn into `folder`'s plots/)."""
-    context = Context(run, table(run), folder, wide)
+def render(run: Run, fmt: str, wide: bool = False, folder: Optional[Path] = None,
+           history: Optional[list[dict[str, Any]]] = None) -> str:
+    """The report in format `fmt` (md, csv, json; html with its plots drawn into `folder`'s plots/, and with
+    `history` (collector.history.for_run) its trend plots and section)."""
+    context = Context(run, table(run), folder, wide, history=history or [])
     if fmt == "html":
         assert folder is not None, "the html page embeds the plots it draws into the run folder"
         next(o for o in OUTPUTS if o.file == PLOTS_DIR).render(context)
@@ -24,10 +26,11 @@ def render(run: Run, fmt: str, wide: bool = False, folder: Optional[Path] = None
     return text
 
 
-def write(root: Path, run: Run, plots: bool = True) -> dict[str, str]:
+def write(root: Path, run: Run, plots: bool = True, history: Optional[list[dict[str, Any]]] = None) -> dict[str, str]:
     """Write every output into the run folder, in the registry's order (the plots before the page that embeds them;
-    `plots` false: none, and an earlier report's removed); the text of each output with a format, by format."""
-    context = Context(run, table(run), root, draw=plots)
+    `plots` false: none, and an earlier report's removed; `history`: as for `render`); the text of each output
+    with a format, by format."""
+    context = Context(run, table(run), root, draw=plots, history=history or [])
     texts: dict[str, str] = {}
     for output in OUTPUTS:
         text = output.render(context)

@@ -351,6 +351,13 @@ SETTINGS: tuple[Setting, ...] = (
             "run, which would no longer match it; C(specfleet plot) draws them later.",
             type="bool", default=True, doc="false: the report files without plots (quicker; `specfleet plot` later)",
             entries=("report",), group="invocation"),
+    Setting("history_db",
+            "The history store (one DuckDB file) that the report step brings up to date with every run under the "
+            "results folder at the end of a run, before the report is written, so that report.html shows the run's "
+            "cells against their earlier runs. Empty: no store. C(specfleet db) builds it by hand; C(specfleet "
+            "history) reads it.",
+            type="str", default="{{ bench_controller_results }}/specfleet.duckdb",
+            doc='the history store the report updates; "": none', entries=("report",), group="invocation"),
     Setting("async_s", "The detached suite is stopped after this many seconds.", type="int", default=604800,
             doc="the detached suite is stopped after this long", entries=("run", "main"), group="invocation"),
     Setting("follow_timeout_s", "How long the controller follows progress before leaving the suite running.",

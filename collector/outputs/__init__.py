@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import pandas as pd
 
@@ -17,7 +17,8 @@ from ..load import Run
 @dataclass
 class Context:
     """What an output is rendered from: the run, its speedup table, the run folder (None: nothing is written), the
-    layout (`wide`) and the plots drawn so far (`draw` false: none, and an earlier report's are removed)."""
+    layout (`wide`), the plots drawn so far (`draw` false: none, and an earlier report's are removed) and the
+    history of its cells from the history store (empty without one)."""
 
     run: Run
     table: pd.DataFrame
@@ -25,6 +26,7 @@ class Context:
     wide: bool = False
     draw: bool = True
     plots: list[Path] = field(default_factory=list)
+    history: list[dict[str, Any]] = field(default_factory=list)  # collector.history.for_run: its cells' past runs
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,7 @@ def _plots(c: Context) -> None:
     out = c.folder / PLOTS_DIR
     if c.draw:
         from . import plots
-        c.plots = plots.write(c.run, c.table, out)
+        c.plots = plots.write(c.run, c.table, out, c.history)
         return None
     for stale in out.glob("*.*") if out.is_dir() else []:
         if stale.suffix in (".png", ".svg"):
@@ -82,7 +84,7 @@ def _plots(c: Context) -> None:
 
 def _html(c: Context) -> str:
     from . import html
-    return html.render(c.run, c.table, c.plots)
+    return html.render(c.run, c.table, c.plots, c.history)
 
 
 # matplotlib and the page's code are imported only by the outputs that need them

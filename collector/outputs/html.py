@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 from html import escape
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 import pandas as pd
 
@@ -117,7 +117,8 @@ def _header(run: Run) -> list[str]:
     out = [f"<h1>Run {_e(meta.get('run_id', run.root.name))}</h1>",
            "<p>" + "; ".join(f"{_e(k)}: {_e(v)}" for k, v in about if not _na(v) and v != "") + "</p>"]
     out.append('<nav><a href="#environment">environment</a><a href="#by-workload">by workload</a>'
-               '<a href="#pays">where it pays</a><a href="#full">full table</a><a href="#plots">plots</a>'
+               '<a href="#pays">where it pays</a><a href="#history">history</a><a href="#full">full table</a>'
+               '<a href="#plots">plots</a>'
                '<a href="#failures">failures</a></nav>')
     out.append('<h2 id="environment">Environment</h2>')
     for host, pairs in environment(run).items():
@@ -206,10 +207,46 @@ def _problems(problems: list[str]) -> list[str]:
     return ["<h2>Problems in the results (skipped)</h2>", "<ul>", *[f"<li>{_e(p)}</li>" for p in problems], "</ul>"]
 
 
-def render(run: Run, df: pd.DataFrame, plots: list[Path]) -> str:
-    """The page: `df` is tables.table(run), `plots` the files plots.write wrote (their PNGs are embedded)."""
+def _history(run: Run, history: list[dict[str, Any]]) -> list[str]:
+    """Per cell of this run that has earlier runs in the history store: this run's tok/s against the previous
+    run's, whether it is outside the previous runs' spread, and what changed since."""
+    from ..history import cell_words
+
+    run_id = str(run.meta.get("run_id") or run.root.name)
+    count: dict[tuple[Any, ...], int] = {}
+    before: dict[tuple[Any, ...], dict[str, Any]] = {}
+    rows = []
+    for p in history:
+        key = (p["host"], p["config_id"], cell_words(p))
+        count[key] = count.get(key, 0) + 1
+        if p["run_id"] != run_id:
+            before[key] = p
+            continue
+        if key not in before:
+            continue
+        prev = before[key]
+        rows.append({"host": p["host"], "config": p["config_id"], "cell": key[2], "runs": count[key],
+                     "previous run": prev["run_id"], "previous tok/s": prev["tok_s_mean"],
+                     "tok/s": p["tok_s_mean"], "speedup": p["speedup"],
+                     "outside the previous runs' spread": ", ".join(p["outside"]),
+                     "changed since the previous run": "; ".join(p["changes"])})
+    if not rows:
+        return ['<h2 id="history">History</h2>', "<p>No earlier run of this run's cells in the history store "
+                "(<code>specfleet db</code> builds it from the results folder; <code>bench.yml</code> updates it at "
+                "the end of every run).</p>"]
+    frame = pd.DataFrame(rows)
+    return ['<h2 id="history">History</h2>',
+            f"<p>{len(rows)} cells of this run were measured by earlier runs (the history store, "
+            "<code>specfleet history</code>): this run against the previous one, whether its interval lies "
+            "outside the spread of the previous runs, and what changed on the host or in the config since. The "
+            "trend plots below draw each cell over the runs.</p>", _table(frame, "history-table", sortable=True)]
+
+
+def render(run: Run, df: pd.DataFrame, plots: list[Path], history: Optional[list[dict[str, Any]]] = None) -> str:
+    """The page: `df` is tables.table(run), `plots` the files plots.write wrote (their PNGs are embedded),
+    `history` its cells' earlier runs (collector.history.for_run)."""
     name = f"specfleet run {run.meta.get('run_id', run.root.name)}"
-    body = [*_header(run), *_by_workload(run, df), *_pays(df),
+    body = [*_header(run), *_by_workload(run, df), *_pays(df), *_history(run, history or []),
             '<h2 id="full">Full table</h2>', "<p>Click a column's header to sort by it; again to reverse.</p>",
             _table(df, "full-table", sortable=True), *_plots(plots), *_failures(run), *_problems(run.problems)]
     return "\n".join([

@@ -439,17 +439,25 @@ def figures(run: Run, df: pd.DataFrame) -> Iterator[tuple[str, Figure]]:
         yield from _host_figures(run, host, tp, rows)
 
 
+def _all_figures(run: Run, df: pd.DataFrame, history: list[dict[str, Any]]) -> Iterator[tuple[str, Figure]]:
+    yield from figures(run, df)
+    if history:
+        from . import trend
+
+        yield from trend.figures(history)
+
+
 def _safe(name: str) -> str:
     """A host name as a file name part."""
     return re.sub(r"[^A-Za-z0-9._-]", "_", name)
 
 
-def write(run: Run, df: pd.DataFrame, out: Path) -> list[Path]:
-    """Every plot of the run as PNG and SVG into `out`; the files written, in order. Plot files of an earlier
-    report that this one no longer has are removed."""
+def write(run: Run, df: pd.DataFrame, out: Path, history: Optional[list[dict[str, Any]]] = None) -> list[Path]:
+    """Every plot of the run as PNG and SVG into `out`, and with `history` (collector.history.for_run) its trend
+    plots; the files written, in order. Plot files of an earlier report that this one no longer has are removed."""
     written: list[Path] = []
     with matplotlib.rc_context(RC):
-        for name, fig in figures(run, df):
+        for name, fig in _all_figures(run, df, history or []):
             for fmt in FORMATS:
                 buf = io.BytesIO()
                 fig.savefig(buf, format=fmt, dpi=PNG_DPI, metadata={"Date": None} if fmt == "svg" else None)
