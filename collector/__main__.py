@@ -135,7 +135,7 @@ def report(args: argparse.Namespace) -> int:
 
 def db(args: argparse.Namespace) -> int:
     """Build or update the history store; with --sql, then answer a query from it."""
-    from .store import DB_FILE, Busy, update
+    from .store import DB_FILE, Busy, Unusable, update
 
     results = Path(args.results)
     if not results.is_dir():
@@ -144,7 +144,7 @@ def db(args: argparse.Namespace) -> int:
     path = Path(args.db) if args.db else results / DB_FILE
     try:
         summary = update(results, path, rebuild=args.rebuild, warn=lambda s: print(s, file=sys.stderr))
-    except Busy as exc:
+    except (Busy, Unusable) as exc:
         print(exc, file=sys.stderr)
         return 2
     print(summary.line(), file=sys.stderr if args.sql else sys.stdout)
@@ -163,7 +163,7 @@ def db(args: argparse.Namespace) -> int:
 def history(args: argparse.Namespace) -> int:
     """Print each matching cell's figures over the runs in the history store."""
     from .history import Filters, points, render, since
-    from .store import DB_FILE, Busy, connect
+    from .store import DB_FILE, Busy, Unusable, connect
 
     path = Path(args.db) if args.db else Path(args.results) / DB_FILE
     if not path.is_file():
@@ -178,7 +178,7 @@ def history(args: argparse.Namespace) -> int:
                 window=args.window)
     try:
         con = connect(path, read_only=True)
-    except Busy as exc:
+    except (Busy, Unusable) as exc:
         print(exc, file=sys.stderr)
         return 2
     try:

@@ -336,13 +336,13 @@ def render(pts: list[dict[str, Any]], fmt: str, f: Filters) -> str:
 def for_run(db: Path, run_id: str, window: int = WINDOW) -> list[dict[str, Any]]:
     """The points of every cell the run measured, up to and including the run (for its report); empty when the
     store is missing or busy."""
-    from .store import Busy, connect
+    from .store import Busy, Unusable, connect
 
     if not db.is_file():
         return []
     try:
         con = connect(db, read_only=True, wait_s=10)
-    except Busy:
+    except (Busy, Unusable):
         return []
     try:
         return points(con, Filters(run_id=run_id, last=0, window=window))

@@ -193,37 +193,59 @@ def _request_columns(run: Run, run_id: str, digests: dict[tuple[str, str], Optio
     return {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in parts.items()}
 
 
-def _cell_extras(df: Any, requests: dict[str, Any]) -> None:
+def _t975(k: np.ndarray) -> np.ndarray:
+    """t(0.975, k - 1) for each sample size k (NaN below 2), as stats.t_quantile gives it, in one call."""
+    from scipy import special
+
+    with np.errstate(invalid="ignore"):
+        return np.where(k >= 2, special.stdtrit(np.maximum(k - 1, 1), 0.975), np.nan)
+
+
+def _accept_spread(run: Run) -> dict[tuple[Any, ...], tuple[int, float]]:
+    """(host, config_id, *cell) -> how many ok requests report an acceptance length, and its sample std."""
+    out: dict[tuple[Any, ...], tuple[int, float]] = {}
+    for c in run.configs:
+        rows = c.rows
+        if not rows or not len(rows["ok"]):
+            continue
+        acc = rows["accept_length"]
+        use = rows["ok"] & ~np.isnan(acc)
+        if not use.any():
+            continue
+        cols = [rows[k][use].tolist() for k in ROW_KEYS[:-1]]
+        cols[-1] = [None if r != r else r for r in cols[-1]]  # request_rate: NaN (closed loop) as None
+        keys = list(zip(*cols))
+        group: dict[tuple[Any, ...], int] = {}
+        ids = np.fromiter((group.setdefault(k, len(group)) for k in keys), dtype=np.int64, count=len(keys))
+        vals = acc[use]
+        n = np.bincount(ids)
+        mean = np.bincount(ids, vals) / n
+        with np.errstate(invalid="ignore", divide="ignore"):
+            std = np.sqrt(np.bincount(ids, (vals - mean[ids]) ** 2) / (n - 1))
+        for key, i in group.items():
+            out[(c.host, c.config_id, *key)] = (int(n[i]), float(std[i]) if n[i] > 1 else math.nan)
+    return out
+
+
+def _cell_extras(df: Any, run: Run) -> None:
     """The table's cells get their tok/s interval (mean ± t·std/√n, 95%) and their acceptance length's spread and
     interval over the ok requests that report it."""
     import pandas as pd
 
-    from .stats import t_quantile
+    def col(name: str) -> np.ndarray:
+        return pd.to_numeric(df[name], errors="coerce").astype(float).to_numpy()
 
-    n = pd.to_numeric(df["n"], errors="coerce").astype(float).to_numpy()
-    mean = pd.to_numeric(df["tok_s_mean"], errors="coerce").astype(float).to_numpy()
-    std = pd.to_numeric(df["tok_s_std"], errors="coerce").astype(float).to_numpy()
-    t = np.array([t_quantile(0.975, k - 1) if k >= 2 else math.nan for k in n])
-    half = t * std / np.sqrt(np.where(n > 0, n, math.nan))
+    n, mean, std = col("n"), col("tok_s_mean"), col("tok_s_std")
+    half = _t975(n) * std / np.sqrt(np.where(n > 0, n, np.nan))
     df["tok_s_ci_low"], df["tok_s_ci_high"] = mean - half, mean + half
-    keys = ["host", "config_id", "workload", "max_tokens", "context_tokens", "concurrency", "request_rate"]
-    if len(requests["ok"]):
-        req = pd.DataFrame({k: requests[k] for k in [*keys, "ok", "accept_length"]})
-        req = req[req["ok"] & req["accept_length"].notna()]
-        got = req.groupby(keys, dropna=False)["accept_length"].agg(["count", "std"]).reset_index()
-    else:
-        got = pd.DataFrame(columns=[*keys, "count", "std"])
-    rate = pd.to_numeric(df["request_rate"], errors="coerce").astype(float)
-    left = df[keys[:-1]].assign(request_rate=rate)
-    for k in ("max_tokens", "context_tokens", "concurrency"):
-        left[k] = left[k].astype("float")
-        got[k] = got[k].astype("float")
-    got["request_rate"] = got["request_rate"].astype(float)
-    merged = left.merge(got, how="left", on=keys)
-    k, s = merged["count"].astype(float).to_numpy(), merged["std"].astype(float).to_numpy()
-    acc = pd.to_numeric(df["accept_length_mean"], errors="coerce").astype(float).to_numpy()
-    tq = np.array([t_quantile(0.975, x - 1) if x >= 2 else math.nan for x in k])
-    half = tq * s / np.sqrt(np.where(k > 0, k, math.nan))
+    spread = _accept_spread(run)
+    rate = col("request_rate")
+    got = [spread.get((h, c, w, m, x, k, r if r == r else None), (0, math.nan)) for h, c, w, m, x, k, r in zip(
+        df["host"], df["config_id"], df["workload"], df["max_tokens"], df["context_tokens"], df["concurrency"], rate)]
+    k = np.array([g[0] for g in got], dtype=float)
+    s = np.array([g[1] for g in got], dtype=float)
+    acc = col("accept_length_mean")
+    half = _t975(k) * s / np.sqrt(np.where(k > 0, k, np.nan))
     df["accept_length_std"] = s
     df["accept_length_ci_low"], df["accept_length_ci_high"] = acc - half, acc + half
 
@@ -240,7 +262,7 @@ def extract(item: tuple[str, str]) -> Extract:
     requests = _request_columns(run, run_id, digests)
     df = df.assign(run_id=run_id, config_digest=[digests.get((h, c)) for h, c in zip(df["host"], df["config_id"])])
     if not df.empty:
-        _cell_extras(df, requests)
+        _cell_extras(df, run)
     cols = [n for n, _ in schema()["cells"]]
     for n in cols:
         if n not in df:
@@ -289,16 +311,24 @@ class Busy(Exception):
     """Another process held the store past the wait."""
 
 
+class Unusable(Exception):
+    """The file is not a store this DuckDB can open (damaged, not a database, another storage version)."""
+
+
 def connect(db: Path, read_only: bool = False, wait_s: float = WAIT_S) -> Any:
-    """The store, opened when no other process holds it for writing (polled until `wait_s` has passed: Busy)."""
+    """The store, opened when no other process holds it for writing (polled until `wait_s` has passed: Busy;
+    a file DuckDB cannot open: Unusable)."""
     import duckdb
 
     deadline = time.monotonic() + wait_s
     while True:
         try:
             return duckdb.connect(str(db), read_only=read_only)
-        except duckdb.IOException as exc:
-            if "lock" not in str(exc).lower() or time.monotonic() >= deadline:
+        except duckdb.Error as exc:
+            if "lock" not in str(exc).lower():
+                raise Unusable(f"{db}: cannot be opened as a history store ({str(exc).strip()}); "
+                               "`specfleet db --rebuild` builds it again from the results folder") from None
+            if time.monotonic() >= deadline:
                 raise Busy(f"{db}: held by another process past {wait_s:.0f} s ({exc})") from None
             time.sleep(0.2)  # polling the lock until the deadline: DuckDB offers no wait on it
 
@@ -394,7 +424,14 @@ def update(results: Path, db: Optional[Path] = None, rebuild: bool = False, wait
     found = runs_under(results)
     prints = {rid: fingerprint(folder) for rid, folder in found.items()}
     out = Summary(db)
-    con = connect(db, wait_s=wait_s)
+    try:
+        con = connect(db, wait_s=wait_s)
+    except Unusable:
+        if not rebuild:
+            raise
+        for stale in (db, db.with_name(db.name + ".wal")):  # derived data: built again from the results
+            stale.unlink(missing_ok=True)
+        con = connect(db, wait_s=wait_s)
     try:
         con.execute("BEGIN TRANSACTION")
         out.rebuilt = _create(con, rebuild)

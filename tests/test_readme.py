@@ -45,6 +45,10 @@ COVERED: dict[str, list[str]] = {
     "ansible-playbook playbooks/recover.yml -l ct200": [
         "tests/playbooks/test_readme_local.py::test_provisioning_unreachable_ct200_stops_at_once",
         "tests/playbooks/test_provision_hosts.py::test_recover_after_a_reboot_of_the_proxmox_host"],
+    # the history store: `specfleet db`, `specfleet history ...` and each `specfleet db --sql "..."` example
+    **{cmd: ["tests/playbooks/test_readme_local.py::"
+             "test_history_of_the_demo_its_forced_rerun_and_a_run_with_a_changed_engine_flag"]
+       for cmd in commands() if cmd.split(" --", 1)[0] in ("specfleet db", "specfleet history")},
     "ansible-playbook bench.yml -l ct200 -e plan=true -e bench_pack=true": [
         "tests/playbooks/test_readme_local.py::test_plan_for_ct200_packed"],
     "ansible-playbook playbooks/provision.yml -l ct200 --list-tags": [

@@ -52,7 +52,8 @@ def _rows(identity: dict[str, Any], cell: dict[str, Any], tok_s: float, accept: 
         e2e = TOKENS / (tok_s * s)
         out.append(records.request_row(identity, cell, rep, {
             "slot": 0, "prompt_tokens": 10, "completion_tokens": TOKENS, "ttft_s": 0.05, "e2e_s": e2e,
-            "output_tok_s": TOKENS / e2e, "tpot_s": (e2e - 0.05) / (TOKENS - 1), "accept_length": accept,
+            "output_tok_s": TOKENS / e2e, "tpot_s": (e2e - 0.05) / (TOKENS - 1),
+            "accept_length": accept * s if accept else None,
             "ok": True, "error": None, "sent_s": rep * 10.0, "done_s": rep * 10.0 + e2e}))
     return out
 
@@ -127,6 +128,15 @@ def test_the_store_holds_every_table_keyed_by_run_host_and_config_digest(eight: 
     half = 3.182446305284263 * std / math.sqrt(n)  # t(0.975, 3)
     assert n == REPS and mean == pytest.approx(150.0) and speedup == pytest.approx(1.5)
     assert (lo, hi) == (pytest.approx(mean - half), pytest.approx(mean + half))
+    # and the acceptance length's, from the request rows (2.5 × SPREAD)
+    acc = [2.5 * s for s in SPREAD]
+    m = sum(acc) / len(acc)
+    sd = math.sqrt(sum((a - m) ** 2 for a in acc) / (len(acc) - 1))
+    got = con.execute("SELECT accept_length_mean, accept_length_std, accept_length_ci_low, accept_length_ci_high "
+                      "FROM cells WHERE run_id = 'run-00' AND config_id = 'tp1-ngram-k2' AND workload = 'fib'"
+                      ).fetchone()
+    half = 3.182446305284263 * sd / math.sqrt(len(acc))
+    assert got == (pytest.approx(m), pytest.approx(sd), pytest.approx(m - half), pytest.approx(m + half))
 
 
 def test_a_fall_is_flagged_once_against_the_spread_of_the_previous_runs(eight: Path) -> None:
@@ -362,6 +372,21 @@ def test_sql_answers_in_each_format_and_names_a_bad_query(eight: Path, capsys: p
     assert capsys.readouterr().out == "run_id,tok_s\nrun-00,100.0\nrun-01,101.0\n"
     assert collector_main(["db", "--results", str(eight), "--sql", "SELECT nope FROM cells"]) == 2
     assert 'Referenced column "nope" not found' in capsys.readouterr().err
+
+
+def test_a_file_that_is_no_store_is_named_and_built_again_on_rebuild(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    results = tmp_path / "results"
+    write_run(results, 0)
+    db = results / store.DB_FILE
+    db.write_text("not a database")
+    assert collector_main(["db", "--results", str(results)]) == 2
+    err = capsys.readouterr().err
+    assert f"{db}: cannot be opened as a history store (" in err and "`specfleet db --rebuild`" in err
+    assert collector_main(["history", "--results", str(results)]) == 2
+    assert collector_main(["db", "--results", str(results), "--rebuild"]) == 0
+    assert "1 runs; read 1 (1 new, 0 changed)" in capsys.readouterr().out
+    assert collector_main(["history", "--results", str(results), "--config", "tp1-ngram-k2"]) == 0
 
 
 def test_history_without_a_store_says_how_to_build_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

