@@ -98,10 +98,11 @@ def unpack(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_dir(path: str) -> Path | None:
+def _run_dir(path: str, what: str = "run folder") -> Path | None:
+    """The folder, or None once it is said that there is no such folder."""
     root = Path(path)
     if not root.is_dir():
-        print(f"no such run folder: {root}", file=sys.stderr)
+        print(f"no such {what}: {root}", file=sys.stderr)
         return None
     return root
 
@@ -137,9 +138,8 @@ def db(args: argparse.Namespace) -> int:
     """Build or update the history store; with --sql, then answer a query from it."""
     from .store import DB_FILE, Busy, Unusable, update
 
-    results = Path(args.results)
-    if not results.is_dir():
-        print(f"no results folder: {results}", file=sys.stderr)
+    results = _run_dir(args.results, "results folder")
+    if results is None:
         return 2
     path = Path(args.db) if args.db else results / DB_FILE
     try:
@@ -266,9 +266,8 @@ def where(args: argparse.Namespace) -> int:
 
 
 def verdict(args: argparse.Namespace) -> int:
-    root = Path(args.run_dir)
-    if not root.is_dir():
-        print(f"no such run folder: {root}", file=sys.stderr)
+    root = _run_dir(args.run_dir)
+    if root is None:
         return 2
     from .load import load_run
     from .verdict import judge
