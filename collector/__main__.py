@@ -188,14 +188,18 @@ def history(args: argparse.Namespace) -> int:
     return 0
 
 
-def _count(text: str) -> int:
+def _count(text: str, least: int = 0) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is below 0")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{value} is below {least}")
     return value
+
+
+def _positive(text: str) -> int:
+    return _count(text, 1)
 
 
 def finish(args: argparse.Namespace) -> int:
@@ -331,7 +335,7 @@ def add_history_parsers(sub: Any) -> None:
     h.add_argument("--since", help="runs started on or after this date (YYYY-MM-DD, or an ISO date and time; UTC)")
     h.add_argument("--last", type=_count, default=10, help="the newest runs shown per cell (default: %(default)s; "
                    "0: every run)")
-    h.add_argument("--window", type=_count, default=5, help="a run is judged against the spread of this many "
+    h.add_argument("--window", type=_positive, default=5, help="a run is judged against the spread of this many "
                    "previous runs of its cell (default: %(default)s)")
     h.add_argument("--format", choices=("md", "csv", "json"), default="md", help="markdown tables per cell "
                    "(default), or a row per cell and run as CSV or JSON")

@@ -394,6 +394,19 @@ def test_history_without_a_store_says_how_to_build_it(tmp_path: Path, capsys: py
     assert f"no history store at {tmp_path / store.DB_FILE}: build it with `specfleet db`" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args,said", [(["--window", "0"], "argument --window: 0 is below 1"),
+                                       (["--last", "-1"], "argument --last: -1 is below 0"),
+                                       (["--last", "ten"], "argument --last: not a whole number: 'ten'"),
+                                       (["--since", "last week"], "--since 'last week': not a date")])
+def test_history_refuses_bad_options_naming_them(eight: Path, args: list[str], said: str,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        code = collector_main(["history", "--results", str(eight), *args])
+    except SystemExit as exc:  # argparse's own refusal
+        code = int(exc.code or 0)
+    assert code == 2 and said in capsys.readouterr().err
+
+
 def test_a_new_report_column_reaches_the_store_without_a_manual_schema_change() -> None:
     from collector.tables import COLUMNS
 
