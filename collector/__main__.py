@@ -122,16 +122,25 @@ def report(args: argparse.Namespace) -> int:
     if root is None:
         return 2
     run = _load(root)
-    from .history import for_run
     from .report import render, write
-    from .store import DB_FILE
 
-    history = for_run(Path(args.db) if args.db else root.parent / DB_FILE, root.name) if args.db != "" else []
+    history = _history(root, args.db)
     written = write(root, run, history=history) if args.write else {}
     shown = written.get(args.format) if not args.wide or args.format == "html" else None
     sys.stdout.write(shown if shown is not None else render(run, args.format, wide=args.wide, folder=root,
                                                             history=history))
     return 0
+
+
+def _history(root: Path, db: str | None) -> list[dict[str, Any]]:
+    """The run's cells over their earlier runs, from the history store as it is (default: the one beside the run
+    folder; "": none): what its trend plots and the page's History section are drawn from."""
+    if db == "":
+        return []
+    from .history import for_run
+    from .store import DB_FILE
+
+    return for_run(Path(db) if db else root.parent / DB_FILE, root.name)
 
 
 def db(args: argparse.Namespace) -> int:
@@ -244,7 +253,7 @@ def plot(args: argparse.Namespace) -> int:
     from .outputs import plots
     from .tables import table
 
-    written = plots.write(run, table(run), Path(args.out) if args.out else root / PLOTS_DIR)
+    written = plots.write(run, table(run), Path(args.out) if args.out else root / PLOTS_DIR, _history(root, args.db))
     print("\n".join(str(p) for p in written) if written else "no plot: the run has no data to draw")
     return 0
 
@@ -372,9 +381,12 @@ def main(argv: list[str] | None = None) -> int:
     add_compare_parser(sub)
     add_history_parsers(sub)
     g = sub.add_parser("plot", help="draw a run's plots (PNG and SVG)", description="Draw a run's plots: speedup "
-                       "against DDTree budget, tok/s, acceptance length, context and concurrency sweeps, latency.")
+                       "against DDTree budget, tok/s, acceptance length, context and concurrency sweeps, latency, "
+                       "and with a history store the run's cells over their earlier runs.")
     g.add_argument("run_dir", metavar="RUN_DIR", help="the run's folder, results/<run_id>")
     g.add_argument("--out", help=f"where to write them (default: RUN_DIR/{PLOTS_DIR})")
+    g.add_argument("--db", help="the history store whose earlier runs of the run's cells the trend plots draw "
+                   "(default: specfleet.duckdb beside the run folder, when there is one; \"\": none)")
     g.set_defaults(func=plot)
     w = sub.add_parser("where", help="say where a run's report.html and plots are",
                        description="Say where a run's report.html and plots are.")

@@ -342,7 +342,16 @@ def test_finish_updates_the_store_and_the_page_shows_the_trend(tmp_path: Path,
     assert trend.is_file() and (results / "run-02" / "plots" / f"trend-{HOST}-tp1.png").is_file()
     svg = trend.read_text()
     assert 'id="trend-tp1-ngram-k2-fib_64_tok"' in svg  # a line per cell, in a panel per config
-    # run 1 read again (its report's files do not count), and no store: no history, the report still written
+    # `specfleet plot` and `report --write` draw the same trend from the store as it is, and leave it alone
+    trend.unlink()
+    assert collector_main(["plot", str(results / "run-02")]) == 0
+    assert trend.is_file() and 'id="trend-tp1-ngram-k2-fib_64_tok"' in trend.read_text()
+    assert collector_main(["plot", str(results / "run-02"), "--db", ""]) == 0
+    assert not trend.exists()
+    assert collector_main(["report", str(results / "run-02"), "--write"]) == 0
+    assert trend.is_file() and 'id="history-table"' in (results / "run-02" / "report.html").read_text()
+    capsys.readouterr()
+    # no store: no history, the report still written
     assert collector_main(["finish", str(results / "run-01"), "--hosts", HOST, "--db", ""]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["history"] == "history store: off"
 
