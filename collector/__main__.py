@@ -107,11 +107,11 @@ def _run_dir(path: str, what: str = "run folder") -> Path | None:
     return root
 
 
-def _load(root: Path) -> Any:
+def _load(root: Path, keep_rows: bool = False) -> Any:
     from .load import load_run
 
     # the report's modules (pandas, scipy) load here while other processes read the request lines of a large run
-    run = load_run(root, meanwhile=lambda: importlib.import_module(".report", __package__))
+    run = load_run(root, meanwhile=lambda: importlib.import_module(".report", __package__), keep_rows=keep_rows)
     for p in run.problems:
         print(f"warning: {p}", file=sys.stderr)
     return run
@@ -216,11 +216,11 @@ def finish(args: argparse.Namespace) -> int:
     report printed, then the verdict as one JSON line ({"ok", "lines"}); exit 1 when the run fails `--fail-on`."""
     root = Path(args.run_dir)
     _stamp(root, "finish", args.suite, args.hosts)
-    run = _load(root)
+    run = _load(root, keep_rows=args.db != "")  # its request rows kept for the history store
     from .report import write
     from .verdict import judge
 
-    history, stored = _store_run(root, args.db)
+    history, stored = _store_run(root, args.db, run)
     report_md = write(root, run, plots=not args.no_plots, history=history)["md"]
     result = judge(run, args.hosts, args.fail_on)
     sys.stdout.write(report_md)
@@ -228,16 +228,18 @@ def finish(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
-def _store_run(root: Path, db: str | None) -> tuple[list[dict[str, Any]], str]:
-    """The history store brought up to date with the results folder that holds `root`, and the run's cells'
-    history from it; a store that cannot be updated costs the report its history, nothing else. `db` "": none."""
+def _store_run(root: Path, db: str | None, run: Any) -> tuple[list[dict[str, Any]], str]:
+    """The history store brought up to date with the results folder that holds `root` (`run`: the run there,
+    read with its request rows, stored without reading it again), and the run's cells' history from it; a store
+    that cannot be updated costs the report its history, nothing else. `db` "": none."""
     if db == "":
         return [], "history store: off"
     try:
         from .history import for_run
         from .store import update
 
-        summary = update(root.parent, Path(db) if db else None, warn=lambda s: print(s, file=sys.stderr))
+        summary = update(root.parent, Path(db) if db else None, warn=lambda s: print(s, file=sys.stderr),
+                         loaded=run)
         return for_run(summary.db, root.name), summary.line()
     except Exception as exc:  # noqa: BLE001  (the report is written whatever the store's trouble)
         line = f"history store not updated: {type(exc).__name__}: {exc}"

@@ -253,10 +253,13 @@ def _cell_extras(df: Any, run: Run) -> None:
 def extract(item: tuple[str, str]) -> Extract:
     """One run folder read as the store's rows (run in a worker process for most runs)."""
     run_id, folder = item
-    root = Path(folder)
+    return extract_run(run_id, load_run(Path(folder), keep_rows=True, parallel=False))
+
+
+def extract_run(run_id: str, run: Run) -> Extract:
+    """A run already read (with its request rows kept: load_run's keep_rows) as the store's rows."""
     from .tables import table
 
-    run = load_run(root, keep_rows=True, parallel=False)
     df = table(run)
     digests = {(c.host, c.config_id): _text(c.status.get("config_digest")) for c in run.configs}
     requests = _request_columns(run, run_id, digests)
@@ -373,12 +376,16 @@ class Summary:
                 + f"; {self.seconds:.1f} s")
 
 
-def _extracts(todo: list[tuple[str, str]]) -> Iterable[Extract]:
+def _extracts(todo: list[tuple[str, str]], given: dict[str, Run]) -> Iterable[Extract]:
     """Each run read, by as many processes as there are CPUs where there are several; a run large enough for
-    load_run to read with several processes itself is read here."""
+    load_run to read with several processes itself is read here; a run the caller has already read (`given`) is
+    not read again."""
     import pandas  # noqa: F401  (loaded once, before the workers fork)
 
     from . import tables  # noqa: F401
+
+    yield from (extract_run(rid, given[rid]) for rid, _ in todo if rid in given)
+    todo = [t for t in todo if t[0] not in given]
 
     def size(folder: str) -> int:
         return sum(p.stat().st_size for p in Path(folder).glob("*/*/requests.jsonl"))
@@ -416,9 +423,11 @@ def _insert(con: Any, batch: list[Extract], prints: dict[str, str]) -> None:
 
 
 def update(results: Path, db: Optional[Path] = None, rebuild: bool = False, wait_s: float = WAIT_S,
-           warn: Callable[[str], Any] = print) -> Summary:
+           warn: Callable[[str], Any] = print, loaded: Optional[Run] = None) -> Summary:
     """Bring the store up to date with every run under `results`: new and changed runs read (each replaced in
-    the same transaction as the others), runs whose folder is gone dropped, unchanged ones left alone."""
+    the same transaction as the others), runs whose folder is gone dropped, unchanged ones left alone. `loaded`:
+    a run of `results` the caller has just read with its request rows kept (its problems already said), stored
+    from that instead of being read again."""
     start = time.monotonic()
     db = db or results / DB_FILE
     found = runs_under(results)
@@ -445,8 +454,10 @@ def update(results: Path, db: Optional[Path] = None, rebuild: bool = False, wait
             if gone:
                 con.execute(f"DELETE FROM {name} WHERE run_id IN (SELECT unnest(?))", [gone])
         batch: list[Extract] = []
-        for e in _extracts(todo):
-            for p in e.problems:
+        given = {loaded.root.name: loaded} if loaded is not None and loaded.root.parent.resolve() == \
+            results.resolve() and all(c.rows is not None or c.source is None for c in loaded.configs) else {}
+        for e in _extracts(todo, given):
+            for p in e.problems if e.run_id not in given else ():
                 warn(f"warning: {p}")
             out.problems += len(e.problems)
             out.read.append(e.run_id)

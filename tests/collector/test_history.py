@@ -356,6 +356,27 @@ def test_finish_updates_the_store_and_the_page_shows_the_trend(tmp_path: Path,
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["history"] == "history store: off"
 
 
+def _unread(item: tuple[str, str]) -> store.Extract:
+    raise AssertionError(f"{item[0]} read again")
+
+
+def test_finish_stores_the_run_it_read_without_reading_it_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    results = tmp_path / "results"
+    run = write_run(results, 0)
+    jsonl = run / HOST / "tp1-ngram-k2" / "requests.jsonl"
+    lines = jsonl.read_text().splitlines()
+    jsonl.write_text("\n".join([lines[0], lines[1][:40], *lines[2:]]) + "\n")
+    monkeypatch.setattr(store, "extract", _unread)
+    assert collector_main(["finish", str(run), "--hosts", HOST]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out.splitlines()[-1])["history"].startswith(
+        f"history store {results / store.DB_FILE}: 1 runs; read 1 (1 new")
+    assert out.err.count(f"{jsonl}:2: ") == 1  # said once, by the report's reading
+    assert _sql(results, "SELECT count(*) FROM requests WHERE config_id = 'tp1-ngram-k2'") == [(2 * REPS - 1,)]
+    assert _sql(results, "SELECT count(*) FROM problems") == [(1,)]
+
+
 def test_finish_writes_its_report_when_the_store_cannot_be_updated(tmp_path: Path,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     results = tmp_path / "results"
