@@ -51,6 +51,12 @@ Knobs, from the environment (a config's `env` reaches it) or, for the GPU ones, 
     STANDIN_LINGER=1       start a child that stays in the group, ignores SIGTERM and sleeps: it outlives the server
                            (as an engine's worker stuck in its own shutdown does)
     STANDIN_STOP_S         seconds between SIGTERM and exit (a slow shutdown)
+    STANDIN_MEET=DIR:N     a rendezvous across servers: the first generation request after the warmup is held until
+                           N servers sharing DIR have each received theirs (a file per server in DIR; at most 120 s,
+                           then `[standin] meet: gave up`), so that their timed windows overlap by construction
+    STANDIN_WARM_MARK      a file created once the warmup (the first generation request) has been answered
+    STANDIN_HEALTHY_AFTER  the health paths answer 503 until this file exists (a server that comes up after another
+                           one's warmup, by construction)
     STANDIN_ECHO_ENV=1     log the environment's token and key variables, as careless engines do
     STANDIN_VERSION        the version the fingerprint probe reports (default: the pinned one of the dialect)
     STANDIN_MODEL_CHECK=0  take any model path (benchmarks/gpu_pack.py serves no model folder)
@@ -282,6 +288,20 @@ def steps(n: int, accept: float) -> List[int]:
     return out
 
 
+def meet(spec: str) -> None:
+    """STANDIN_MEET=DIR:N: say this server arrived (a file in DIR), then wait until N servers have."""
+    folder, _, n = spec.rpartition(":")
+    os.makedirs(folder, exist_ok=True)
+    open(os.path.join(folder, str(os.getpid())), "a").close()
+    deadline = time.monotonic() + 120.0
+    while len(os.listdir(folder)) < int(n):
+        if time.monotonic() > deadline:
+            print(f"[standin] meet: gave up waiting for {n} servers in {folder}", flush=True)
+            return
+        time.sleep(0.01)
+    print(f"[standin] meet: {n} servers arrived at {time.time()}", flush=True)
+
+
 class Faults:
     """The process-wide fault knobs and counters."""
 
@@ -294,13 +314,17 @@ class Faults:
         self.requests = 0
         self.lock = threading.Lock()
 
-    def next_request(self) -> Optional[str]:
-        """The HTTP fault of the request now starting, if any."""
+    def next_request(self) -> Tuple[int, Optional[str]]:
+        """The number of the generation request now starting (the warmup is 1), and its HTTP fault, if any. The
+        second one waits for the rendezvous (STANDIN_MEET) first."""
         with self.lock:
             self.requests += 1
             n = self.requests
-        if n == 1:
-            return None
+        if n == 2 and os.environ.get("STANDIN_MEET"):
+            meet(os.environ["STANDIN_MEET"])
+        return n, None if n == 1 else self.http_fault(n)
+
+    def http_fault(self, n: int) -> Optional[str]:
         for kind in ("http_error", "malformed", "alter_usage"):
             every = self.http.get(kind)
             if every and n % every == 0:
@@ -422,7 +446,9 @@ def handler(e: Engine) -> type:
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
             path = self.path.split("?")[0]
             if path in d.health:
-                self.reply(200 if e.healthy else 503, {} if e.healthy else {"error": "not ready"})
+                after = os.environ.get("STANDIN_HEALTHY_AFTER")
+                ok = e.healthy and (not after or os.path.exists(after))
+                self.reply(200 if ok else 503, {} if ok else {"error": "not ready"})
             elif path == "/metrics" and e.metrics:
                 self.reply(200, e.metrics_text(), "text/plain; version=0.0.4; charset=utf-8")
             elif path == "/standin":
@@ -448,13 +474,15 @@ def handler(e: Engine) -> type:
                 return self.reply(200, {**answer, "token_strs": None} if d is VLLM else answer)
             if self.path != d.generate:
                 return self.reply(404, {"detail": "Not Found"})
-            fault = e.faults.next_request()
+            n, fault = e.faults.next_request()
             if fault == "http_error":
                 return self.reply(500, {"error": {"message": "injected fault: internal server error", "code": 500}})
             if d is VLLM:
                 self.stream_vllm(body, fault)
             else:
                 self.stream_sglang(body, fault)
+            if n == 1 and os.environ.get("STANDIN_WARM_MARK"):
+                open(os.environ["STANDIN_WARM_MARK"], "a").close()
 
         def start_stream(self) -> None:
             self.send_response(200)
