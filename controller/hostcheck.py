@@ -69,6 +69,26 @@ def recorded(results: Path, host: str) -> tuple[dict[str, Any], str] | None:
     return data, f"as recorded in run {run_id}" + (f" ({what}{commit})" if what or commit else "")
 
 
+def probe_models(suite: Mapping[str, Any]) -> dict[str, str]:
+    """The model folders the probe reads for the plan, by key: the target (`model`), the suite's drafter
+    (`draft_model`) and each other drafter a config names (`draft_model@<path>`), so that every model a config
+    uses is judged by its own config.json and weights."""
+    out = {k: suite[k]["path"] for k in ("model", "draft_model") if isinstance(suite.get(k), Mapping)}
+    for phase in suite.get("phases") or []:
+        for cfg in phase.get("configs") or []:
+            path = (cfg.get("draft_model") or {}).get("path")
+            if path and path not in out.values():
+                out[f"draft_model@{path}"] = path
+    return out
+
+
+def read_model(models: Mapping[str, Any], model: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """What the probe (or an earlier run, or the off-site read) says of `model`: the entry read from its path;
+    None when it was not read."""
+    path = (model or {}).get("path")
+    return next((m for m in models.values() if isinstance(m, Mapping) and path and m.get("path") == path), None)
+
+
 def engine_help(answer: Any) -> dict[str, Any] | None:
     """The engine's version, flags and choices as the probe read them, for the agent (which then does not run
     `--help` again); None when the probe did not read them."""
@@ -108,11 +128,9 @@ def assess(configs: list[dict[str, Any]], answer: Any, engine: str, gpu_memory_m
             check.supported = not check.unsupported
             check.engine_line = (f"supported by {version}" if check.supported else
                                  f"unsupported_flag: {', '.join(check.unsupported)} not known to {version}") + source
-            drafter, target = models.get("draft_model") or {}, models.get("model") or {}
-            same = cfg.get("draft_model") and drafter.get("path") == cfg["draft_model"].get("path")
             check.limits = [why for _, why in probe.build_limits(
-                cfg, eng.get("features") or {}, drafter if same else None,
-                target if target.get("path") == (cfg.get("model") or {}).get("path") else None)]
+                cfg, eng.get("features") or {}, read_model(models, cfg.get("draft_model")),
+                read_model(models, cfg.get("model")))]
         if data is not None:
             check.fit, check.fit_line = _fit(cfg, engine, models, gpu_mib, eng.get("defaults"))
             check.fit_line += source if check.fit is not None else ""
@@ -131,7 +149,7 @@ def _offsite(configs: list[dict[str, Any]], engine: str, gpu_mib: int, why: str,
     source = "; ".join(said)
     for cfg in configs:
         check = Check(engine_line=why)
-        drafter_missing = cfg.get("draft_model") and "draft_model" not in models
+        drafter_missing = cfg.get("draft_model") and read_model(models, cfg["draft_model"]) is None
         if not gpu_mib:
             check.fit_line = ("not checked off-site: no GPU memory known (set bench_gpu_memory_mib to nvidia-smi's "
                               "memory.total in MiB; after one run the host's host.json gives it)")
@@ -153,7 +171,12 @@ def _fit(cfg: Mapping[str, Any], engine: str, models: Mapping[str, Any], gpu_mib
         return None, "not checked: no GPU memory known (nvidia-smi found none; set bench_gpu_memory_mib)"
     if not isinstance(target.get("config"), dict) or not target.get("weights_bytes"):
         return None, f"not checked: no config.json or weights in {cfg['model']['path']} on the host"
-    drafter = int((models.get("draft_model") or {}).get("weights_bytes") or 0) if cfg.get("draft_model") else 0
+    drafter = 0
+    if cfg.get("draft_model"):
+        read = read_model(models, cfg["draft_model"])
+        if read is None:
+            return None, f"not checked: the drafter {cfg['draft_model']['path']} was not read on the host"
+        drafter = int(read.get("weights_bytes") or 0)
     verdict = fit.judge(cfg, engine, cfg["command"], gpu_mib, target, drafter, stated)
     if verdict is None:
         return None, "not checked: the model's config.json lacks the fields the fit needs"

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from agent import pack, records, workloads
-from agent.engines import ENGINES, PORT, flag_value, ngram_lookup
+from agent.engines import ENGINES, PORT, flag_at, flag_value, ngram_lookup
 from agent.secrets import PLACEHOLDER
 
-from . import estimate
+from . import estimate, settings
 from .names import LABEL_TEXT, label_problem
-from .schema_errors import field_path, schema_errors, shown
+from .schema_errors import field_path, is_secret, schema_errors, shown, type_of
 from .settings import DEFAULTS as DEFAULTS  # re-exported: the names the role, plan and tests know them by
 from .settings import HOSTNAME_RE as _HOSTNAME
 from .settings import METHODS as METHODS
@@ -37,6 +38,38 @@ def with_defaults(suite: dict[str, Any]) -> dict[str, Any]:
     for k, v in suite.items():
         out[k] = {**DEFAULTS[k], **v} if k in PARTIAL and isinstance(v, dict) else v
     return out
+
+
+def _put(obj: Any, parts: tuple[Any, ...], value: Any) -> Any:
+    """`obj` with the value at `parts` replaced, the containers on the way copied (the caller's are left as they
+    are)."""
+    if not parts:
+        return value
+    head, rest = parts[0], parts[1:]
+    if isinstance(obj, dict):
+        return {**obj, head: _put(obj[head], rest, value)}
+    out = list(obj)
+    out[head] = _put(obj[head], rest, value)
+    return out
+
+
+def _spells_inf(value: Any) -> bool:
+    """Whether a value is infinity other than as `inf`: YAML's `.inf` and JSON's `Infinity` (floats), or a string
+    spelling it (`.Inf`, `+.inf`, `Infinity`: from `-e key=value` or a quoted YAML value)."""
+    if isinstance(value, float):
+        return value == math.inf
+    return (isinstance(value, str) and value != records.INF
+            and settings.INF_SPELLED.fullmatch(value.strip()) is not None)
+
+
+def with_inf_written(suite: Any) -> Any:
+    """The suite with every spelling of infinity in a field that takes inf (`settings.INF`) written `inf`, as the
+    agent and the records take it. Minus infinity and NaN are left for the validator to name."""
+    found = [parts for parts, schema, value in settings.values(suite)
+             if schema.get(settings.INF) and _spells_inf(value)]
+    for parts in found:
+        suite = _put(suite, parts, records.INF)
+    return suite
 
 
 class MatrixError(ValueError):
@@ -84,14 +117,17 @@ def _strings(obj: Any, parts: tuple[Any, ...] = ()) -> Iterable[tuple[tuple[Any,
             yield from _strings(v, (*parts, i))
 
 
-def _secret_errors(suite: dict[str, Any], secrets_hidden: bool) -> list[str]:
-    """The API key and the bind address; placeholder-shaped text, which would be resolved to a secret on the host."""
+def _secret_errors(suite: dict[str, Any], secrets_hidden: bool, named: set[str]) -> list[str]:
+    """The API key and the bind address; placeholder-shaped text, which would be resolved to a secret on the host.
+    Fields in `named` have a problem reported already."""
     errors = []
     if not secrets_hidden:
         for parts, value in _strings(suite):
-            if PLACEHOLDER.search(value):
+            if PLACEHOLDER.search(value) and field_path(parts) not in named:
                 errors.append(f"{field_path(parts)}: holds text of the form <secret:N>, which marks hidden secrets on "
                               f"the way to the host; allowed: any other text")
+    if f"{PREFIX}bind_host" in named:
+        return errors
     bind = suite["bind_host"]
     try:
         ipaddress.ip_address(bind)
@@ -101,7 +137,7 @@ def _secret_errors(suite: dict[str, Any], secrets_hidden: bool) -> list[str]:
                           f"address or a host name (127.0.0.1 keeps the servers on this host)")
             return errors
     key = suite["api_key"] or ""
-    if secrets_hidden and PLACEHOLDER.fullmatch(key):
+    if secrets_hidden and PLACEHOLDER.fullmatch(key) or f"{PREFIX}api_key" in named:
         return errors
     if key and not key.isprintable() or any(c.isspace() for c in key):
         errors.append(f"{PREFIX}api_key: holds spaces or control characters (value not shown); allowed: "
@@ -177,7 +213,10 @@ def _name_errors(suite: dict[str, Any]) -> list[str]:
             errors.append(f"{where}: {shown(value, False)} {why}; allowed: {LABEL_TEXT}")
     builtin = set(workloads.known())
     for name in suite["workloads"]:
-        if not NAME_RE.match(name):
+        if not isinstance(name, str):  # a YAML key written as a number
+            errors.append(f"{PREFIX}workloads: the key {shown(name, False)} is {type_of(name)}, not a workload name; "
+                          f"allowed: {NAME_TEXT}")
+        elif not NAME_RE.match(name):
             errors.append(f"{PREFIX}workloads.{shown(name, False)}: not a valid workload name; allowed: {NAME_TEXT}")
         elif name in builtin:
             errors.append(f"{PREFIX}workloads.{name}: the name of a built-in workload; allowed: another name "
@@ -204,38 +243,52 @@ def _override_errors(suite: dict[str, Any], engine: Any) -> list[str]:
             if name.startswith("-") and hit:
                 spelled = written if written == name else f"{written} (read as {name})"
                 errors.append(f"{field}[{k}]: {spelled} is set by specfleet ({hit}); allowed: any other flag")
-            elif PORT in str(arg):
-                errors.append(f"{field}[{k}]: {str(arg)[:80]!r} holds {PORT}, the placeholder specfleet fills with "
-                              f"the server's own port in its --port only; allowed: a literal value")
         env_field = f"{where}.env" if where != PREFIX.rstrip("_") else f"{PREFIX}env"
-        for key, value in (obj.get("env") or {}).items():
+        for key in obj.get("env") or {}:
             if key in OWNED_ENV:
                 errors.append(f"{env_field}.{key}: set by specfleet ({OWNED_ENV[key]}); allowed: any other variable")
-            elif PORT in str(value):
-                errors.append(f"{env_field}.{key}: holds {PORT}, the placeholder specfleet fills with the server's "
-                              f"own port in its --port only; allowed: a literal value")
     return errors
+
+
+def _named(errors: Iterable[str]) -> set[str]:
+    """The fields a list of problems names (each line starts with its field)."""
+    return {line.split(": ", 1)[0] for line in errors}
+
+
+def _placeholder_errors(suite: dict[str, Any], named: set[str]) -> list[str]:
+    """Every value that reaches the engine's command line or environment (`settings.LAUNCH`: paths, names, the API
+    key, the bind address, server_args and env at every level) holding `{port}`: specfleet fills it with the
+    server's own port in its --port only; elsewhere it would be passed on as written, or, a whole argument, be
+    replaced by the port as well. Fields in `named` have a problem reported already."""
+    out = []
+    for parts, schema, value in settings.values(suite):
+        where = field_path(parts)
+        if schema.get(settings.LAUNCH) and isinstance(value, str) and PORT in value and where not in named:
+            what = "" if is_secret(list(parts)) else f"{shown(value, False)} "
+            out.append(f"{where}: {what}holds {PORT}, the placeholder specfleet fills with the server's own port in "
+                       f"its --port only; allowed: a literal value")
+    return out
 
 
 def validate(suite: dict[str, Any], phases: list[str] | None = None, *, secrets_hidden: bool = False) -> Matrix:
     """The checked matrix; MatrixError listing every problem, each naming its field. `secrets_hidden`: the
     suite's secrets are already placeholders (secrets.split)."""
-    suite = with_defaults(suite)
+    suite = with_inf_written(with_defaults(suite))
     errors = schema_errors(suite)
     if errors:
         raise MatrixError("\n".join(errors))
-    errors += _secret_errors(suite, secrets_hidden)
     engine = ENGINES[suite["engine"]]
     errors += _override_errors(suite, engine)
+    errors += _placeholder_errors(suite, _named(errors))
+    errors += _secret_errors(suite, secrets_hidden, _named(errors))
     errors += _name_errors(suite)
     taken = {**{w: "a built-in workload" for w in workloads.known()},
-             **{w: f"a workload of {PREFIX}workloads" for w in suite["workloads"]}}
+             **{w: f"a workload of {PREFIX}workloads" for w in suite["workloads"] if isinstance(w, str)}}
     from_file, problems = read_workloads_file(suite["workloads_file"], taken)
     errors += problems
     known = set(taken) | set(from_file)
     gpus = suite["gpu_count"]
     max_tp = gpus if gpus > 0 else 1
-    max_len = suite["model"].get("max_model_len")
     seen_ids: dict[str, str] = {}
     names = [p["name"] for p in suite["phases"]]
     for i, phase in enumerate(suite["phases"]):
@@ -284,16 +337,7 @@ def validate(suite: dict[str, Any], phases: list[str] | None = None, *, secrets_
             errors.append(f"{where}.configs: every phase needs an autoregressive baseline config; add "
                           f"{{method: autoregressive}} (methods now: "
                           f"{', '.join(sorted({c['method'] for c in phase['configs']}))})")
-        warmup = suite["warmup_max_tokens"]
-        for j, cfg in enumerate(phase["configs"]):
-            # the warmup request uses the config's first cell: the first sweep that includes it
-            k, sweep = next(((k, s) for k, s in enumerate(phase["sweeps"]) if measures(s, cfg)), (0, {}))
-            context = (sweep.get("context_tokens") or [0])[0]
-            if max_len and context + warmup > max_len:
-                errors.append(f"{PREFIX}warmup_max_tokens: {warmup} tokens after the warmup prompt of "
-                              f"{where}.configs[{j}] ({context} context tokens, {where}.sweeps[{k}]) exceed the "
-                              f"model's max_model_len {max_len}; allowed: at most {max(max_len - context, 0)}")
-                break
+        errors += length_problems(suite, i, engine)
         for j, sweep in enumerate(phase["sweeps"]):
             sw = f"{where}.sweeps[{j}]"
             for k, w in enumerate(sweep["workloads"]):
@@ -303,15 +347,6 @@ def validate(suite: dict[str, Any], phases: list[str] | None = None, *, secrets_
                 if m not in labels:
                     errors.append(f"{sw}.methods[{k}]: {m!r} is not a config of phase {phase['name']}; "
                                   f"allowed: {', '.join(labels)}")
-            if max_len:
-                out_len = max(sweep.get("max_tokens", suite["max_tokens"]))
-                context = max(sweep.get("context_tokens", [0]))
-                if context + out_len > max_len:
-                    field = (f"{sw}.context_tokens" if context else f"{sw}.max_tokens" if "max_tokens" in sweep
-                             else f"{PREFIX}max_tokens")
-                    errors.append(f"{field}: context + max_tokens = {context + out_len} exceeds the model's "
-                                  f"max_model_len {max_len} (context {context}, max_tokens {out_len}); "
-                                  f"allowed: context_tokens + max_tokens <= {max_len} ({PREFIX}model.max_model_len)")
         errors += batch_problems(suite, phase, where, engine)
         errors += open_loop_problems(suite, phase, where)
     errors += pack.problems(suite, gpus, PREFIX)
@@ -327,6 +362,105 @@ def measures(sweep: Mapping[str, Any], cfg: Mapping[str, Any]) -> bool:
     """Whether a sweep's cells are measured by a config: every config's without `methods`, else the configs it
     names and the baseline (which measures every cell its phase's configs measure)."""
     return not sweep.get("methods") or label(cfg) in sweep["methods"] or cfg["method"] == "autoregressive"
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A context limit a config's requests must fit (prompt + output, in tokens), and the field that declares it."""
+
+    tokens: int
+    what: str    # "the model's max_model_len", "the drafter's max_model_len", "the server's --context-length"
+    source: str  # the field: bench_draft_model.max_model_len, bench_phases[0].server_args[3], ...
+
+
+def _uses_drafter(suite: Mapping[str, Any], cfg: Mapping[str, Any]) -> bool:
+    return cfg["method"] in NEEDS_DRAFT and bool(cfg.get("draft_model") or suite.get("draft_model"))
+
+
+def declared_limits(suite: dict[str, Any]) -> list[tuple[tuple[Any, ...], int]]:
+    """Every context limit the suite declares (`settings.CONTEXT`), with its path."""
+    return [(parts, value) for parts, schema, value in settings.values(suite)
+            if schema.get(settings.CONTEXT) and isinstance(value, int)]
+
+
+def context_limits(suite: dict[str, Any], i: int, j: int, engine: Any,
+                   declared: list[tuple[tuple[Any, ...], int]] | None = None) -> list[Limit]:
+    """Every context limit config j of phase i must fit: each declared on a model it uses (`settings.CONTEXT`: the
+    target's, and its drafter's, its own or the suite's, where it takes one; `declared`: `declared_limits`) and the
+    server's own context flag, where its server_args set it (the last one given, at any level, is the one the
+    engine takes)."""
+    phase = suite["phases"][i]
+    cfg = phase["configs"][j]
+    models = {(): "the suite's", ("model",): "the model's", ("phases", i): "the phase's",
+              ("phases", i, "configs", j): "the config's"}
+    if _uses_drafter(suite, cfg):
+        models[("phases", i, "configs", j, "draft_model") if cfg.get("draft_model") else ("draft_model",)] = \
+            "the drafter's"
+    out = [Limit(value, f"{models[parts[:-1]]} {parts[-1]}", field_path(parts))
+           for parts, value in (declared_limits(suite) if declared is None else declared) if parts[:-1] in models]
+    if engine.context_flag:
+        levels = ((f"{PREFIX}server_args", suite), (f"{PREFIX}phases[{i}].server_args", phase),
+                  (f"{PREFIX}phases[{i}].configs[{j}].server_args", cfg))
+        placed = [(f"{field}[{k}]", str(arg)) for field, obj in levels
+                  for k, arg in enumerate(obj.get("server_args") or [])]
+        found = flag_at([arg for _, arg in placed], engine.context_flag, engine.flexible_names)
+        if found and found[0].isdigit():  # anything else: the engine's own argparse says what is wrong with it
+            out.append(Limit(int(found[0]), f"the server's {engine.context_flag}", placed[found[1]][0]))
+    return out
+
+
+def _same_tokens(limits: Iterable[Limit]) -> list[list[Limit]]:
+    """Limits grouped by their tokens, in their order: one length declared twice (bench_model.max_model_len and the
+    server's flag, as the embedded profile has them) is one problem."""
+    groups: dict[int, list[Limit]] = {}
+    for limit in limits:
+        groups.setdefault(limit.tokens, []).append(limit)
+    return list(groups.values())
+
+
+def length_problems(suite: dict[str, Any], i: int, engine: Any) -> list[str]:
+    """Phase i's requests against every context limit of the configs that send them (`context_limits`): the
+    longest request of each sweep (its largest context + its largest max_tokens), and each config's warmup (its
+    first cell's context + bench_warmup_max_tokens). One line per sweep and length exceeded, naming every field
+    that declares it, and the configs it binds where it does not bind them all."""
+    phase, where = suite["phases"][i], f"{PREFIX}phases[{i}]"
+    declared = declared_limits(suite)
+    limits = [context_limits(suite, i, j, engine, declared) for j in range(len(phase["configs"]))]
+    out: list[str] = []
+    for k, sweep in enumerate(phase["sweeps"]):
+        sw = f"{where}.sweeps[{k}]"
+        out_len = max(sweep.get("max_tokens", suite["max_tokens"]))
+        context = max(sweep.get("context_tokens", [0]))
+        field = f"{sw}.context_tokens" if context else f"{sw}.max_tokens" if "max_tokens" in sweep \
+            else f"{PREFIX}max_tokens"
+        users = [j for j, cfg in enumerate(phase["configs"]) if measures(sweep, cfg)]
+        over: dict[Limit, list[str]] = {}
+        for j in users:
+            for limit in limits[j]:
+                if context + out_len > limit.tokens:
+                    over.setdefault(limit, []).append(f"{phase['name']}-{label(phase['configs'][j])}")
+        by_configs: dict[tuple[str, ...], list[Limit]] = {}
+        for limit, ids in over.items():
+            by_configs.setdefault(tuple(ids), []).append(limit)
+        for ids, bound in by_configs.items():
+            whom = "" if len(ids) == len(users) else f"; of {', '.join(ids)}"
+            for group in _same_tokens(bound):
+                out.append(f"{field}: context + max_tokens = {context + out_len} exceeds {group[0].what} "
+                           f"{group[0].tokens} (context {context}, max_tokens {out_len}{whom}); allowed: "
+                           f"context_tokens + max_tokens <= {group[0].tokens} "
+                           f"({', '.join(x.source for x in group)})")
+    warmup, said = suite["warmup_max_tokens"], set()
+    for j, cfg in enumerate(phase["configs"]):
+        # the warmup request uses the config's first cell: the first sweep that includes it
+        k, sweep = next(((k, s) for k, s in enumerate(phase["sweeps"]) if measures(s, cfg)), (0, {}))
+        context = (sweep.get("context_tokens") or [0])[0]
+        for group in _same_tokens(x for x in limits[j] if context + warmup > x.tokens and x not in said):
+            said.update(group)
+            out.append(f"{PREFIX}warmup_max_tokens: {warmup} tokens after the warmup prompt of "
+                       f"{where}.configs[{j}] ({context} context tokens, {where}.sweeps[{k}]) exceed "
+                       f"{group[0].what} {group[0].tokens}; allowed: at most {max(group[0].tokens - context, 0)} "
+                       f"({', '.join(x.source for x in group)})")
+    return out
 
 
 def batch_problems(suite: dict[str, Any], phase: dict[str, Any], where: str, engine: Any) -> list[str]:

@@ -2,6 +2,7 @@
 `bench_*` path, what it holds (a secret never shown) and what is allowed there."""
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Iterable
 
@@ -11,8 +12,8 @@ from agent.store import SECRET_KEY
 from .settings import CONFIG_SCHEMA as _config
 from .settings import ENV_NAME_PATTERN as _ENV_NAME
 from .settings import ENV_NAME_TEXT as _ENVNAME_TEXT
+from .settings import INF, NAME_TEXT, PREFIX, RATE_INF_PATTERN, RATE_TEXT, SCHEMA
 from .settings import NAME_PATTERN as _NAME
-from .settings import NAME_TEXT, PREFIX, RATE_INF_PATTERN, RATE_TEXT, SCHEMA
 from .settings import NO_NUL as _NO_NUL
 
 
@@ -61,6 +62,8 @@ def allowed(schema: dict[str, Any]) -> str:
     """What a schema accepts, in words: `an integer from 1 to 1024`, `one of vllm, sglang`, ..."""
     if "enum" in schema:
         return "one of " + ", ".join(map(str, schema["enum"]))
+    if schema.get(INF):
+        return f"a number{_range(schema)}, or inf"
     types = schema.get("type", [])
     types = [types] if isinstance(types, str) else list(types)
     words = []
@@ -90,7 +93,7 @@ def allowed(schema: dict[str, Any]) -> str:
     return _or(words) if words else "see the role's argument specs"
 
 
-def _is_secret(parts: list[Any]) -> bool:
+def is_secret(parts: list[Any]) -> bool:
     """Whether the value at this path may hold a secret (API key, env of servers, launch arguments)."""
     if "api_key" in parts or "server_args" in parts:
         return True
@@ -101,10 +104,21 @@ def _is_secret(parts: list[Any]) -> bool:
     return False
 
 
+def special(value: Any) -> str | None:
+    """A number that is not finite as YAML spells it, with what it is (`.nan (not a number)`); None for any other
+    value."""
+    if not isinstance(value, float) or math.isfinite(value):
+        return None
+    return ".nan (not a number)" if math.isnan(value) else ".inf (infinity)" if value > 0 else "-.inf (minus infinity)"
+
+
 def shown(value: Any, secret: bool) -> str:
-    """A value as a message may show it: scalars by repr (shortened), lists and mappings by type."""
+    """A value as a message may show it: scalars by repr (shortened; a number that is not finite as YAML spells
+    it), lists and mappings by type."""
     if secret:
         return f"{type_of(value)} (value not shown: may be a secret)"
+    if special(value):
+        return str(special(value))
     if isinstance(value, (list, dict)):
         return type_of(value) if value else repr(value)
     text = repr(value)
@@ -112,30 +126,40 @@ def shown(value: Any, secret: bool) -> str:
 
 
 def _quoted_number(value: Any, types: list[str]) -> bool:
+    """Whether a string spells a value the field takes unquoted: a finite number, or a boolean (a quoted `nan` or
+    `inf` is no number the field would take)."""
     if not isinstance(value, str) or not {"integer", "number", "boolean"} & set(types):
         return False
     if value.strip().lower() in ("true", "false", "yes", "no"):
         return "boolean" in types
     try:
-        float(value)
+        return math.isfinite(float(value))
     except ValueError:
         return False
-    return True
+
+
+def _not_finite(where: str, value: float, schema: dict[str, Any], secret: bool) -> str:
+    """A NaN or infinity where a number is declared: a field that takes inf (`settings.INF`) has had every spelling
+    of infinity written as inf already (`matrix.with_inf_written`), so what is left is no value it takes."""
+    what = f"{type_of(value)} (value not shown: may be a secret)" if secret else special(value)
+    if schema.get(INF):
+        return f"{where}: {what} is not a request rate; allowed: {RATE_TEXT}"
+    return f"{where}: {what} is not a finite number; allowed: {allowed(schema)} (a finite number)"
 
 
 def _format(err: Any) -> list[str]:
     """One or more messages for a jsonschema error, each naming its field and what is allowed."""
     parts = list(err.absolute_path)
     where = field_path(parts)
-    secret = _is_secret(parts)
+    secret = is_secret(parts)
     inst, schema, kind = err.instance, err.schema, err.validator
     if kind == "type":
         types = [err.validator_value] if isinstance(err.validator_value, str) else list(err.validator_value)
+        if special(inst) and {"integer", "number"} & set(types):
+            return [_not_finite(where, inst, schema, secret)]
         msg = (f"{where}: {shown(inst, secret)} is not of type {_or([repr(t) for t in types])}; "
                f"allowed: {allowed(schema)}")
-        if isinstance(inst, float) and not math.isfinite(inst):
-            msg += " (a finite number)"
-        elif isinstance(inst, float) and inst.is_integer() and "integer" in types and not secret:
+        if isinstance(inst, float) and inst.is_integer() and "integer" in types and not secret:
             msg += f" (a whole number written as {inst!r}: write {int(inst)})"
         if _quoted_number(inst, types) and not secret:
             msg += " (a quoted string: write it unquoted in YAML"
@@ -168,8 +192,7 @@ def _format(err: Any) -> list[str]:
     if kind == "not" and isinstance(inst, dict) and inst.get("budget") is not None:
         return [f"{where}.budget: only method ddtree takes a budget (this config's method is "
                 f"{inst.get('method')!r}); remove it or use method ddtree"]
-    if kind in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum") and schema.get("pattern") == \
-            RATE_INF_PATTERN:
+    if kind in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum") and schema.get(INF):
         return [f"{where}: {shown(inst, False)} is not a request rate; allowed: {RATE_TEXT}"]
     if kind in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
         text = err.message if len(err.message) <= 100 else f"{shown(inst, secret)} is out of range"
@@ -213,15 +236,45 @@ def _is_number(_checker: Any, value: Any) -> bool:
                                                                                 or math.isfinite(value))
 
 
-def schema_errors(suite: Any) -> list[str]:
+@functools.lru_cache(maxsize=1)
+def _validator() -> Any:
+    """The matrix's validator (made once: jsonschema imported only where a matrix is checked)."""
     import jsonschema
 
     base = jsonschema.Draft202012Validator
     checker = base.TYPE_CHECKER.redefine_many({"integer": _is_integer, "number": _is_number})
-    validator = jsonschema.validators.extend(base, type_checker=checker)(SCHEMA)
+    return jsonschema.validators.extend(base, type_checker=checker)(SCHEMA)
+
+
+def _leaves(value: Any, parts: tuple[Any, ...] = ()) -> Iterable[tuple[tuple[Any, ...], Any]]:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _leaves(v, (*parts, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _leaves(v, (*parts, i))
+    else:
+        yield parts, value
+
+
+def _special_errors(suite: Any, msgs: list[str]) -> list[str]:
+    """NaN or infinity where the schema declares no number to judge it by (in a list of raw values such as
+    bench_engine_patches), and not inside a field `msgs` names already: no record could hold it."""
+    named = [m.split(": ", 1)[0] for m in msgs]
+    out = []
+    for parts, value in _leaves(suite):
+        where = field_path(parts)
+        if special(value) and not any(where == n or where.startswith((f"{n}.", f"{n}[")) for n in named):
+            out.append(f"{where}: {shown(value, is_secret(list(parts)))} is not a finite number; allowed: a value "
+                       f"without NaN or infinity (the records are JSON)")
+    return out
+
+
+def schema_errors(suite: Any) -> list[str]:
     msgs: list[str] = []
-    for err in sorted(validator.iter_errors(suite), key=lambda e: list(map(str, e.absolute_path))):
+    for err in sorted(_validator().iter_errors(suite), key=lambda e: list(map(str, e.absolute_path))):
         for msg in _format(err):
             if msg not in msgs:
                 msgs.append(msg)
+    msgs += _special_errors(suite, msgs)
     return msgs

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 from agent import pack
 from agent.engines import ENGINES
@@ -41,14 +41,25 @@ MAX_PROMPT_CHARS = 1 << 20  # a workload's prompt; long contexts come from conte
 _tokens_list = {**_int_list, "items": {**_pos_int, "maximum": MAX_OUTPUT}}
 _concurrency_list = {**_int_list, "items": {**_pos_int, "maximum": MAX_CONCURRENCY}}
 _repetitions = {**_pos_int, "maximum": MAX_REPETITIONS}
-_str_list = {"type": "array", "items": {"type": "string", "pattern": NO_NUL}}
+# Roles a field plays beyond its type, as schema keywords of their own (jsonschema ignores them): each rule that
+# guards a role walks the fields marked with it (`values`), and the tests select a role's fields the same way
+# (`fields`), so a field declared with its role is checked and tested with the others of that role.
+LAUNCH = "x-launch"    # a string that reaches the engine's command line or environment (no placeholder documented)
+CONTEXT = "x-context"  # a context limit declared on a model, in tokens: every request of a config using it must fit
+INF = "x-inf"          # a number that may also be infinite, written inf
+INF_SPELLED = re.compile(r"\+?\.?inf(inity)?\Z", re.I)  # inf as YAML (.inf, +.Inf), JSON (Infinity) or Python spell it
+_launch = {"type": "string", "minLength": 1, "pattern": NO_NUL, LAUNCH: True}
+_str_list = {"type": "array", "items": {"type": "string", "pattern": NO_NUL, LAUNCH: True}}
 _env = {"type": "object", "propertyNames": {"type": "string", "pattern": ENV_NAME_PATTERN},
-        "additionalProperties": {"type": ["string", "number", "boolean"], "pattern": NO_NUL}}
-MODEL_SCHEMA = {
+        "additionalProperties": {"type": ["string", "number", "boolean"], "pattern": NO_NUL, LAUNCH: True}}
+MODEL_SCHEMA = {  # the target: its path and name are the server's --model and --served-model-name
     "type": "object", "required": ["name", "path"], "additionalProperties": False,
-    "properties": {"name": {"type": "string", "minLength": 1, "pattern": NO_NUL},
-                   "path": {"type": "string", "minLength": 1, "pattern": NO_NUL},
-                   "revision": {"type": ["string", "null"]}, "max_model_len": _pos_int},
+    "properties": {"name": _launch, "path": _launch,
+                   "revision": {"type": ["string", "null"]}, "max_model_len": {**_pos_int, CONTEXT: True}},
+}
+DRAFT_SCHEMA = {  # a drafter: its path reaches the speculative flags, its name only the records
+    **MODEL_SCHEMA,
+    "properties": {**MODEL_SCHEMA["properties"], "name": {"type": "string", "minLength": 1, "pattern": NO_NUL}},
 }
 # The conditions apply to mappings that name a method; anything else is reported by type/required.
 _has_method = {"type": "object", "required": ["method"]}
@@ -62,7 +73,7 @@ CONFIG_SCHEMA = {
         "block_size": {"type": "integer", "minimum": 2, "maximum": 64},
         "topk": _pos_int, "num_draft_tokens": _pos_int,
         "prompt_lookup_min": _pos_int, "prompt_lookup_max": _pos_int,
-        "draft_model": MODEL_SCHEMA, "server_args": _str_list, "env": _env,
+        "draft_model": DRAFT_SCHEMA, "server_args": _str_list, "env": _env,
     },
     "allOf": [
         {"if": {**_has_method, "properties": {"method": {"const": "ddtree"}}}, "then": {"required": ["budget"]}},
@@ -79,9 +90,11 @@ SLOTS_SCHEMA = {"type": "array", "items": {
                    "cpus": {"type": ["string", "integer"], "minimum": 0, "pattern": pack.CPU_LIST.pattern}}}}
 # Open-loop load: a rate of requests per second (or "inf", all at once) and how many requests a cell sends
 MAX_RATE, MAX_OPEN_REQUESTS = 1_000_000, 100_000
-RATE_INF_PATTERN = "^inf\\Z"
-RATE_TEXT = f'a number of requests per second > 0 and <= {MAX_RATE}, or "inf" (every request due at once)'
-_rate = {"type": ["number", "string"], "exclusiveMinimum": 0, "maximum": MAX_RATE, "pattern": RATE_INF_PATTERN}
+RATE_INF_PATTERN = "^inf\\Z"  # after `matrix.with_inf_written`: YAML's .inf and the other spellings of it are inf
+RATE_TEXT = (f'a number of requests per second > 0 and <= {MAX_RATE}, or "inf" (every request due at once; YAML\'s '
+             '.inf is taken as inf)')
+_rate = {"type": ["number", "string"], "exclusiveMinimum": 0, "maximum": MAX_RATE, "pattern": RATE_INF_PATTERN,
+         INF: True}
 ARRIVALS = ("poisson", "constant")
 SLO_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")  # a request meets the limits when it is within every one given
 SLO_SCHEMA = {
@@ -182,15 +195,17 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("backend", "How servers run, a child process group of the agent or an instance of the engine's unit.",
             {"enum": ["process", "systemd"], "default": "process"}, group="service"),
     Setting("engine_python", "The Python interpreter of the engine's environment on the host.",
-            {"type": "string", "minLength": 1, "pattern": NO_NUL, "default": "/opt/specfleet/engine/bin/python"}),
+            {**_launch, "default": "/opt/specfleet/engine/bin/python"}),
     Setting("engine_patches", "Patches applied to the engine build, recorded in host.json.",
             {"type": "array", "default": []}, elements="raw",
             doc="names + hashes of patches applied to the engine build"),
     Setting("model", "The target model, C({name, path, revision, max_model_len}).", MODEL_SCHEMA, required=True,
             doc="{name, path, revision, max_model_len}"),
-    Setting("draft_model", "The draft model for methods that need one, C({name, path, revision}).",
-            {**MODEL_SCHEMA, "type": ["object", "null"], "default": None}, type="dict",
-            doc="{name, path, revision} for methods that need one"),
+    Setting("draft_model",
+            "The draft model for methods that need one, C({name, path, revision, max_model_len}); its "
+            "C(max_model_len), where given, bounds every request of the configs that use it, as the target's does.",
+            {**DRAFT_SCHEMA, "type": ["object", "null"], "default": None}, type="dict",
+            doc="{name, path, revision, max_model_len} for methods that need one"),
     Setting("gpu_count", "GPUs on the host; tp above it is rejected. 0 means a CPU host.",
             {"type": "integer", "minimum": 0, "default": 0}, coerce="number", doc="0 = CPU host (tp 1 only)"),
     Setting("gpu_memory_mib",
@@ -217,14 +232,14 @@ SETTINGS: tuple[Setting, ...] = (
             {**SLOTS_SCHEMA, "default": []}, elements="dict",
             doc='[{gpus: [0], cpus: "0-15"}, ...]; [] = one slot per tp GPUs of the host'),
     Setting("bind_host", "Address the servers bind to; anything but a loopback address needs O(bench_api_key).",
-            {"type": "string", "minLength": 1, "default": "127.0.0.1"}, doc="another address needs bench_api_key"),
+            {**_launch, "default": "127.0.0.1"}, doc="another address needs bench_api_key"),
     Setting("port", "Port of every server; 0 takes a free port per config.",
             {"type": "integer", "minimum": 0, "maximum": 65535, "default": 0}, coerce="number",
             doc="0: a free port per config; else this fixed port"),
     Setting("api_key",
             "Key the servers require and the client sends (Authorization Bearer); required, 16 characters or more, "
             "when O(bench_bind_host) is not a loopback address. Never written to results, logs or plan output.",
-            {"type": ["string", "null"], "default": ""}, type="str", no_log=True,
+            {"type": ["string", "null"], LAUNCH: True, "default": ""}, type="str", no_log=True,
             doc="required (>= 16 chars) when bench_bind_host is not loopback"),
     Setting("server_args", "Arguments appended to every launch command.", {**_str_list, "default": []},
             elements="str", doc="appended to every launch command"),
@@ -504,3 +519,39 @@ def by_key(key: str) -> Setting:
 
 def number_keys() -> Mapping[str, str]:
     return {s.key: s.coerce for s in MATRIX if s.coerce}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The declared fields, by role
+# ---------------------------------------------------------------------------------------------------------------
+
+Parts = tuple[Any, ...]
+ANY_KEY, ANY_ITEM = "*", "[]"  # in a field's pattern path: any key of a mapping, any item of a list
+
+
+def fields(schema: Mapping[str, Any] = SCHEMA, parts: Parts = ()) -> Iterator[tuple[Parts, Mapping[str, Any]]]:
+    """Every field the schema declares with its own schema, as a pattern path (`ANY_KEY` for any key of a mapping,
+    `ANY_ITEM` for any item of a list): `("phases", "[]", "configs", "[]", "draft_model", "path")`."""
+    yield parts, schema
+    for key, sub in (schema.get("properties") or {}).items():
+        yield from fields(sub, (*parts, key))
+    if isinstance(schema.get("additionalProperties"), dict):
+        yield from fields(schema["additionalProperties"], (*parts, ANY_KEY))
+    if isinstance(schema.get("items"), dict):
+        yield from fields(schema["items"], (*parts, ANY_ITEM))
+
+
+def values(value: Any, schema: Mapping[str, Any] = SCHEMA, parts: Parts = ()
+           ) -> Iterator[tuple[Parts, Mapping[str, Any], Any]]:
+    """Every value of a suite with the path it sits at and the schema of the field it fills (values where the
+    schema declares no field left out)."""
+    yield parts, schema, value
+    if isinstance(value, dict):
+        known, extra = schema.get("properties") or {}, schema.get("additionalProperties")
+        for key, item in value.items():
+            sub = known.get(key, extra if isinstance(extra, dict) else None)
+            if sub is not None:
+                yield from values(item, sub, (*parts, key))
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(value):
+            yield from values(item, schema["items"], (*parts, i))
