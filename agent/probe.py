@@ -14,11 +14,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import stat
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+
+try:  # imported as agent.probe (the agent's archive, the controller): the one reader of user-named files
+    from . import bounded as _bounded
+except ImportError:  # this text run alone (`python -c`, as the plan sends it): _read_kept checks the same itself
+    _bounded = None  # type: ignore[assignment]
 
 FLAG = re.compile(r"(?<![\w-])--[A-Za-z0-9][A-Za-z0-9_-]*")
 # argparse's rendering of `choices`: "--speculative-algorithm {EAGLE,EAGLE3,NGRAM}"
@@ -256,13 +263,48 @@ def cache_path(cache: str, key: str) -> Path:
     return Path(cache) / f"engine-help-{key}.json"
 
 
-def cached(cache: Optional[str], key: Optional[str]) -> Optional[Dict[str, Any]]:
-    """The help kept under `key`, when there is one and it holds flags."""
+HELP_CACHE_BYTES = 16 << 20  # agent.bounded.HELP_CACHE's limit, for this text run alone
+
+
+def _within(path: Path, st: os.stat_result, size: Optional[int] = None) -> None:
+    """Raises OSError, one line naming the file and the limit, unless `st` is a regular file within it."""
+    allowed = f"allowed: a regular file of at most {HELP_CACHE_BYTES >> 20} MiB"
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(f"{path}: not a regular file; {allowed}")
+    if max(st.st_size, size or 0) > HELP_CACHE_BYTES:
+        raise OSError(f"{path}: larger than {HELP_CACHE_BYTES >> 20} MiB; {allowed}")
+
+
+def _read_kept(path: Path) -> str:
+    """A kept help's text, once it is a regular file of at most HELP_CACHE_BYTES (it lies in the host folder the
+    user names: a FIFO or a device there fails at once, naming the file and the limit, instead of being read
+    without end); OSError otherwise. Through agent.bounded where it is importable, else with its checks here:
+    judged before it is opened, opened without blocking, judged again, read to one byte past the limit."""
+    if _bounded is not None:
+        return _bounded.read_text(path, _bounded.HELP_CACHE)
+    _within(path, os.stat(path))
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY), "rb", buffering=0) as f:
+        st = os.fstat(f.fileno())
+        _within(path, st)
+        data = f.read(HELP_CACHE_BYTES + 1)
+    _within(path, st, len(data))  # it grew while read
+    return data.decode()
+
+
+def cached(cache: Optional[str], key: Optional[str], problems: Optional[List[str]] = None) -> Optional[Dict[str, Any]]:
+    """The help kept under `key`, when there is one and it holds flags. A kept file that is not a regular file
+    within its limit is said in `problems`, one line naming it and the limit."""
     if not cache or not key:
         return None
     try:
-        data = json.loads(cache_path(cache, key).read_text())
-    except (OSError, ValueError):
+        data = json.loads(_read_kept(cache_path(cache, key)))
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if problems is not None:
+            problems.append(f"{exc}; --help read again")
+        return None
+    except ValueError:
         return None
     # a help kept by an earlier specfleet, without the defaults, is read again (once)
     return data if isinstance(data, dict) and data.get("flags") and "defaults" in data else None
@@ -276,7 +318,10 @@ def engine(python: str, module: str, dists: Sequence[str], env: Optional[Mapping
     try:
         ident = identity(python, module, dists, env)
         out.update(version=ident.get("version"), key=ident.get("key"))
-        kept = cached(cache, out["key"])
+        skipped: List[str] = []
+        kept = cached(cache, out["key"], skipped)
+        if skipped:
+            out["cache_problem"] = skipped[0]
         if kept:
             out.update(flags=kept["flags"], choices=kept.get("choices") or {}, features=kept.get("features") or {},
                        defaults=kept.get("defaults") or {}, cached=str(cache_path(str(cache), out["key"])))

@@ -11,6 +11,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from . import bounded
+
 SCHEMA_VERSION = 1
 # A cell within a config: one prompt workload at one length and context, under one load: `concurrency` requests
 # released together (closed loop), or, for an open-loop cell, requests sent at `request_rate` per second
@@ -302,8 +304,8 @@ def plain_rows(path: Path, data: bytes, problems: list[str]) -> list[dict[str, A
 def read_requests(path: Path, problems: list[str]) -> list[dict[str, Any]]:
     """The valid request lines of a requests.jsonl; every other line is reported as `path:line` and skipped."""
     try:
-        data = path.read_bytes()
-    except OSError as exc:
+        data = bounded.read_bytes(path, bounded.REQUESTS)
+    except OSError as exc:  # a device, FIFO or folder too, named with the limit before anything is read
         problems.append(f"{path}: unreadable ({exc.strerror or exc}); its requests skipped")
         return []
     return plain_rows(path, data, problems)

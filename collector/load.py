@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator, Literal, Optional, Union
 
 import numpy as np
 
-from agent import records
+from agent import bounded, records
 from agent.records import plain_line as _plain_line
 from agent.records import plain_rows as _plain_rows
 from agent.records import read_requests
@@ -164,25 +164,22 @@ class _Whole(Exception):
 
 def _streamed(path: Path) -> Iterator[list[bytes]]:
     """The file's lines, a piece (about CHUNK_BYTES) at a time, read as they are needed: each piece is still in
-    the CPU's cache while it is decoded, and no buffer the size of the file is allocated (and page-faulted in)."""
-    with open(path, "rb") as f:
-        rest = b""
-        while True:
-            block = f.read(CHUNK_BYTES)
-            if not block:
-                break
-            if b"\r" in block or not block.isascii():
-                raise _Whole
-            if rest:
-                block = rest + block
-            cut = block.rfind(b"\n")
-            if cut < 0:
-                rest = block
-                continue
-            rest = block[cut + 1:]
-            yield block[:cut].split(b"\n")
+    the CPU's cache while it is decoded, and no buffer the size of the file is allocated (and page-faulted in).
+    Not a regular file within bounded.REQUESTS: BoundError before a byte is read."""
+    rest = b""
+    for block in bounded.chunks(path, bounded.REQUESTS, CHUNK_BYTES):
+        if b"\r" in block or not block.isascii():
+            raise _Whole
         if rest:
-            yield [rest]
+            block = rest + block
+        cut = block.rfind(b"\n")
+        if cut < 0:
+            rest = block
+            continue
+        rest = block[cut + 1:]
+        yield block[:cut].split(b"\n")
+    if rest:
+        yield [rest]
 
 
 def _whole(data: bytes) -> Iterator[list[bytes]]:
@@ -200,7 +197,7 @@ def _whole(data: bytes) -> Iterator[list[bytes]]:
 
 def _read_whole(path: Path) -> bytes:
     """The file, with universal newlines (as Path.read_text() reads it)."""
-    data = path.read_bytes()
+    data = bounded.read_bytes(path, bounded.REQUESTS)
     return data.replace(b"\r\n", b"\n").replace(b"\r", b"\n") if b"\r" in data else data
 
 
@@ -399,14 +396,14 @@ def read_cells(path: Path, keep: bool = False) -> RequestFile:
     try:
         got = _fast_columns(path, out.problems) if msgspec is not None else None
         if got is None:
-            rows = _plain_rows(path, path.read_bytes(), out.problems)
+            rows = _plain_rows(path, bounded.read_bytes(path, bounded.REQUESTS), out.problems)
             got = _plain_columns(rows), (rows[0] if rows else None)
         cols, out.first = got
         out.cells, out.count = _cells(cols), cols.n
         if keep:
             out.rows = row_columns(cols)
         if not out.count:
-            data = path.read_bytes()
+            data = bounded.read_bytes(path, bounded.REQUESTS)
             out.blank = not data or data.isspace()  # not data.strip()
     except OSError as exc:
         return RequestFile(problems=[f"{path}: unreadable ({exc.strerror or exc}); its requests skipped"])
@@ -447,9 +444,10 @@ def _read_all(paths: list[Path], meanwhile: Optional[Callable[[], Any]], keep: b
 # ---------------------------------------------------------------------------------------------------------------
 
 def _read_json(path: Path, problems: list[Any], then: str) -> dict[str, Any] | None:
-    """A JSON object file; None when missing (not reported) or damaged (reported with `then`, what follows)."""
+    """A JSON object file; None when missing (not reported) or damaged (reported with `then`, what follows): not
+    a regular file within bounded.RECORD is said before anything is read."""
     try:
-        text = path.read_text(errors="replace")
+        text = bounded.read_text(path, bounded.RECORD, errors="replace")
     except FileNotFoundError:
         return None
     except OSError as exc:

@@ -301,7 +301,7 @@ def probe_request(suite: Mapping[str, Any], host_dir: str | None = None) -> dict
     """What `agent.probe` is asked on the host: the engine's interpreter, module and distributions, the models, and
     where the agent keeps the engine's help it read before."""
     engine = ENGINES[suite["engine"]]
-    models = {k: suite[k]["path"] for k in ("model", "draft_model") if isinstance(suite.get(k), dict)}
+    models = hostcheck.probe_models(suite)
     return {"engine": {"python": suite["engine_python"], "module": engine.module,
                        "dists": DISTRIBUTIONS[engine.name], "help_arg": engine.help_arg}, "models": models,
             "cache": f"{host_dir.rstrip('/')}/cache" if host_dir else None}
@@ -399,7 +399,11 @@ def build(args: dict[str, Any], task_vars: dict[str, Any], ask: Ask | None = Non
         return {"failed": True, "msg": f"invalid benchmark matrix for {host}:\n" + "\n".join(problems)}
     hidden = checked.hide(secrets.split(narrowed)[0])  # configs and this result never hold a secret
     configs = trim(matrix.expand(hidden), bool(run["config_names"]))
-    evidence = estimate.history(Path(args["results"]), host) if args.get("results") else {}
+    try:  # earlier runs in the results folder the user names: a file there that is not one fails in one line
+        evidence = estimate.history(Path(args["results"]), host) if args.get("results") else {}
+        earlier = hostcheck.recorded(Path(args["results"]), host) if args.get("results") else None
+    except OSError as exc:
+        return {"failed": True, "msg": f"{host}: earlier results in {PREFIX}controller_results unreadable: {exc}"}
     estimate.apply(configs, hidden.suite["estimate"], evidence)
     too_long = plausible(host, configs, hidden.suite)
     if too_long:
@@ -407,7 +411,6 @@ def build(args: dict[str, Any], task_vars: dict[str, Any], ask: Ask | None = Non
     answer: Any = {"skipped": True}
     if ask is not None and switch("probe", args.get("probe", True), problems) and configs:
         answer = ask(str(args.get("agent_python") or "python3"), probe_request(hidden.suite, args.get("host_dir")))
-    earlier = hostcheck.recorded(Path(args["results"]), host) if args.get("results") else None
     offsite = None
     if earlier is None and not answer.get("skipped") and hostcheck.parse(answer)[0] is None:  # asked, no answer
         offsite = hub.offsite(hidden.suite, args.get("hub_models"), agent_archive.cache_dir())

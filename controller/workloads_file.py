@@ -3,9 +3,9 @@ names the file, line and field. The workloads travel to the host inside the conf
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any, Mapping
 
+from agent import bounded
 from agent.secrets import PLACEHOLDER
 
 from .schema_errors import shown, type_of
@@ -89,11 +89,11 @@ def read_workloads_file(path: str | None, taken: Mapping[str, str]) -> tuple[dic
     if not path:
         return {}, []
     try:
-        data = Path(path).read_bytes()
+        data = bounded.read_bytes(path, bounded.WORKLOADS_FILE)  # a device, FIFO or folder fails before a read
     except OSError as exc:
         shown = path if path.isprintable() else repr(path)  # the message stays one line
-        return {}, [f"{PREFIX}workloads_file: cannot read {shown}: {exc.strerror or exc}; allowed: a file on the "
-                    f"controller with {FILE_LINE}"]
+        allowed = "" if isinstance(exc, bounded.BoundError) else f"; allowed: a file on the controller with {FILE_LINE}"
+        return {}, [f"{PREFIX}workloads_file: cannot read {shown}: {exc.strerror or exc}{allowed}"]
     found: dict[str, Any] = {}
     first: dict[str, int] = {}
     errors: list[str] = []

@@ -151,7 +151,8 @@ def test_a_file_that_cannot_be_read(tmp_path: Path) -> None:
     assert res["failed"] and asked == []
     assert f"bench_workloads_file: cannot read {missing}: No such file or directory" in res["msg"]
     res, _ = build(suite_with(tmp_path, ["fib"]))
-    assert f"bench_workloads_file: cannot read {tmp_path}: Is a directory" in res["msg"]
+    assert (f"bench_workloads_file: cannot read {tmp_path}: a directory, not a regular file; allowed: a regular "
+            "file of at most 8 MiB") in res["msg"]
 
 
 def test_the_variable_itself_is_type_checked(tmp_path: Path) -> None:

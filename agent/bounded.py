@@ -1,0 +1,119 @@
+"""Files read because a user named them (a workloads file, a results folder's records, the engine's help kept in the
+host folder): each must be a regular file of at most its limit, checked before it is read, so that a device
+without end (/dev/zero), a FIFO without a writer or a folder fails at once, in one line naming the file and the
+limit, instead of being read until memory runs out or waited on forever.
+
+Standard library only and without project imports: the agent, the controller and the collector all read through
+here. A name is judged by `os.stat` before it is opened (a device or FIFO is never opened), opened with
+O_NONBLOCK (a FIFO swapped in meanwhile does not block the open) and judged again by `os.fstat`; then at most
+limit + 1 bytes are read, so that a file that grows while it is read fails too.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Bound:
+    """What a kind of user-named file is, and the most bytes it may hold."""
+
+    what: str
+    limit: int
+
+
+# A prompt is at most settings.MAX_PROMPT_CHARS (1 Mi characters): 8 MiB holds a few prompts of that length, even
+# JSON-escaped, while every config carries the file's workloads to the host.
+WORKLOADS_FILE = Bound("a workloads file", 8 * MiB)
+# run.json, host.json, config.json, status.json: kilobytes; the largest, a config of thousands of cells or a
+# host.json with the engine's whole parsed --help, stays within a few MiB.
+RECORD = Bound("a results record", 64 * MiB)
+# requests.jsonl is the data: about 1 KiB a request, so 16 GiB is some 17 million requests in one config (a day at
+# 200 requests a second), 17 times the million rows benchmarks/report_scale.py reads in one run.
+REQUESTS = Bound("a requests.jsonl", 16 * GiB)
+# The engine's --help as agent.probe keeps it: its flags, choices and stated defaults, tens of KiB.
+HELP_CACHE = Bound("a kept engine help", 16 * MiB)
+BOUNDS = (WORKLOADS_FILE, RECORD, REQUESTS, HELP_CACHE)
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def size_text(n: int) -> str:
+    """A limit in words: 8 MiB, 16 GiB, or bytes."""
+    for unit, name in ((GiB, "GiB"), (MiB, "MiB"), (1 << 10, "KiB")):
+        if n >= unit and n % unit == 0:
+            return f"{n // unit} {name}"
+    return f"{n} bytes"
+
+
+class BoundError(OSError):
+    """A user-named file that is not a regular file within its limit: `strerror` says what it is and the limit,
+    `filename` names it, str() is the one line of both."""
+
+    def __str__(self) -> str:
+        name = str(self.filename)
+        return f"{name if name.isprintable() else repr(name)}: {self.strerror}"
+
+
+def _error(path: str | os.PathLike[str], why: str, bound: Bound) -> BoundError:
+    return BoundError(errno.EINVAL, f"{why}; allowed: a regular file of at most {size_text(bound.limit)}",
+                      os.fspath(path))
+
+
+def _judge(path: str | os.PathLike[str], st: os.stat_result, bound: Bound) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        kind = next((name for test, name in _KINDS if test(st.st_mode)), "a special file")
+        raise _error(path, f"{kind}, not a regular file", bound)
+    if st.st_size > bound.limit:
+        raise _error(path, f"{st.st_size} bytes, larger than {size_text(bound.limit)}", bound)
+
+
+def _open(path: str | os.PathLike[str], bound: Bound) -> tuple[int, int]:
+    """A descriptor open for reading on `path`, and its size, once it is a regular file within `bound`."""
+    _judge(path, os.stat(path), bound)
+    fd = os.open(path, _FLAGS)
+    try:
+        st = os.fstat(fd)
+        _judge(path, st, bound)  # what was opened, should the name have changed since
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st.st_size
+
+
+def chunks(path: str | os.PathLike[str], bound: Bound, size: Optional[int] = None) -> Iterator[bytes]:
+    """The file's bytes, `size` at a time (None: the whole file in one piece, as its size says); raises
+    BoundError before reading anything that is not a regular file within `bound`, and once more than its limit
+    has been read (it grew). Other OSErrors as reading raises them."""
+    fd, now = _open(path, bound)
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        seen = 0
+        while True:
+            block = f.read(min(size or (now + 1 if not seen else MiB), bound.limit + 1 - seen))
+            if not block:
+                return
+            seen += len(block)
+            if seen > bound.limit:
+                raise _error(path, f"grew past {size_text(bound.limit)} while read", bound)
+            yield block
+
+
+def read_bytes(path: str | os.PathLike[str], bound: Bound) -> bytes:
+    """The whole file, as Path.read_bytes gives it, once it is a regular file within `bound` (BoundError)."""
+    return b"".join(chunks(path, bound))
+
+
+def read_text(path: str | os.PathLike[str], bound: Bound, errors: str = "strict") -> str:
+    """The whole file as Path.read_text gives it (UTF-8, universal newlines), once it is a regular file within
+    `bound` (BoundError)."""
+    text = read_bytes(path, bound).decode("utf-8", errors=errors)
+    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
+

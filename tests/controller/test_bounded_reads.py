@@ -1,0 +1,352 @@
+"""Files read because a user named them (agent/bounded.py): every input specfleet reads from a place the user names,
+planted as each bad kind of file (a device without end, a FIFO without a writer, a folder, a file over its limit)
+is refused in one line naming the file, what it is and the limit, within seconds, and read as before when it is
+a fine one. Each case runs in a child process of its own with a deadline and a cap on its memory, so that a
+reader that would block on the FIFO or read /dev/zero without end fails the case instead of the machine."""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import re
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from agent import bounded, probe, records
+from agent.bounded import Bound
+from collector import load
+from controller import plan
+from controller.settings import MAX_PROMPT_CHARS, SETTINGS
+
+DEADLINE_S = 10.0  # a case reads a handful of small files; a reader that blocks or reads without end takes forever
+MEMORY_HEADROOM = 2 << 30  # above what the test process already maps: reading /dev/zero fails here, not the host
+HOST = "h"
+CONFIG = "tp1-autoregressive"
+ROW = {"host": HOST, "config_id": CONFIG, "method": "autoregressive", "method_params": {}, "tp": 1, "workload": "fib",
+       "max_tokens": 8, "context_tokens": 0, "concurrency": 1, "rep": 0, "ok": True, "output_tok_s": 10.0}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The bad kinds: each makes `at` that kind of file (for an input whose limit is `bound`), and says what it is
+# ---------------------------------------------------------------------------------------------------------------
+
+def _oversized(at: Path, bound: Bound) -> None:
+    with open(at, "wb") as f:
+        f.truncate(bound.limit + 1)  # sparse: no disk is used, even past the 16 GiB of requests.jsonl
+
+
+KINDS: dict[str, tuple[Callable[[Path, Bound], None], Callable[[Bound], str]]] = {
+    "dev-zero": (lambda at, b: at.symlink_to("/dev/zero"), lambda b: "a character device, not a regular file"),
+    "dev-urandom": (lambda at, b: at.symlink_to("/dev/urandom"), lambda b: "a character device, not a regular file"),
+    "fifo": (lambda at, b: os.mkfifo(at), lambda b: "a FIFO, not a regular file"),
+    "folder": (lambda at, b: at.mkdir(), lambda b: "a directory, not a regular file"),
+    "over-limit": (_oversized, lambda b: f"{b.limit + 1} bytes, larger than {bounded.size_text(b.limit)}"),
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The inputs: where each lies, a fine one's bytes, and how specfleet reads it (the lines it says, what it read)
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Input:
+    name: str
+    bound: Bound
+    place: str  # the file, relative to the case's folder
+    good: bytes
+    read: Callable[[Path], tuple[list[str], Any]]  # the case's folder → (lines said, what was read of the file)
+    read_fine: Any  # what a fine one reads as
+    what_is_said: bool = True  # whether the line says what the file is (the probe run alone says less)
+
+
+def _plan(folder: Path, **more: Any) -> dict[str, Any]:
+    """The plan (controller.plan.build, as the bench_plan action calls it) of a matrix naming the case's
+    workloads file, with `more` arguments."""
+    suite = {"engine": "vllm", "engine_python": "/py", "model": {"name": "m", "path": "/m"},
+             "workloads_file": str(folder / "workloads.jsonl"),
+             "phases": [{"name": "tp1", "configs": [{"method": "autoregressive"}],
+                         "sweeps": [{"workloads": ["haiku"], "max_tokens": [64]}]}]}
+    args = {"suite": suite, "run_id": "20250101T000000Z", "host_dir": "/var/lib/specfleet",
+            "limits": {"bench_async_s": 3600, "bench_follow_timeout_s": 7200, "bench_follow_interval_s": 2}, **more}
+    return plan.build(args, {"inventory_hostname": HOST, "bench_workloads_file": suite["workloads_file"]},
+                      lambda python, request: {"unreachable": True, "msg": "no host in this test"})
+
+
+def _workloads(folder: Path) -> tuple[list[str], Any]:
+    res = _plan(folder)
+    if res.get("failed"):
+        return res["msg"].splitlines(), None
+    return [], res["configs"][0]["prompts"].get("haiku")
+
+
+def _run_folder(folder: Path) -> Path:
+    """A whole run, as the agent and `collector stamp` write it, around whichever of its files the case planted."""
+    root = folder / "run"
+    files = {root / "run.json": {"run_id": "run"}, root / HOST / "host.json": {"host": HOST},
+             root / HOST / CONFIG / "status.json": {"status": "ok"},
+             root / HOST / CONFIG / "config.json": {"config_id": CONFIG, "method": "autoregressive"}}
+    for path, obj in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not os.path.lexists(path):
+            path.write_text(json.dumps(obj))
+    jsonl = root / HOST / CONFIG / "requests.jsonl"
+    if not os.path.lexists(jsonl):
+        jsonl.write_text(json.dumps(ROW) + "\n")
+    return root
+
+
+def _collector(pick: Callable[[load.Run], Any], plain: bool = False) -> Callable[[Path], tuple[list[str], Any]]:
+    """`specfleet report` reading the run (collector.load.load_run); `plain`: without msgspec, line by line."""
+    def read(folder: Path) -> tuple[list[str], Any]:
+        if plain:
+            load.msgspec = None  # this case's own process only
+        run = load.load_run(_run_folder(folder))
+        return run.problems, pick(run)
+    return read
+
+
+def _read_requests(folder: Path) -> tuple[list[str], Any]:
+    """agent.records.read_requests: the plan's estimates from earlier runs, ConfigResult.requests."""
+    problems: list[str] = []
+    rows = records.read_requests(_run_folder(folder) / HOST / CONFIG / "requests.jsonl", problems)
+    return problems, len(rows)
+
+
+def _config(run: load.Run) -> Any:
+    return run.configs[0].config if run.configs else None
+
+
+HELP = {"flags": ["--port"], "choices": {}, "defaults": {}}
+KEY = "0123456789abcdef0123"
+
+
+def _kept_help(folder: Path) -> tuple[list[str], Any]:
+    """agent.probe.cached as the agent reads the kept help (agent.bounded importable)."""
+    problems: list[str] = []
+    got = probe.cached(str(folder / "cache"), KEY, problems)
+    return problems, got and got["flags"]
+
+
+ENGINE = "import argparse\np = argparse.ArgumentParser()\np.add_argument('--port')\np.parse_args()\n"
+
+
+def _probe_alone(folder: Path) -> tuple[list[str], Any]:
+    """agent/probe.py's text run alone, as the plan sends it to a host (`python -c`, no agent package to import),
+    asked about an engine whose help it kept."""
+    request = {"engine": {"python": sys.executable, "module": "fake_engine.serve", "dists": [],
+                          "env": {"PYTHONPATH": str(folder / "engine"), "PATH": "/usr/bin:/bin"}},
+               "models": {}, "cache": str(folder / "cache")}
+    res = subprocess.run([sys.executable, "-S", "-c", Path(probe.__file__).read_text(), json.dumps(request)],
+                         capture_output=True, text=True, timeout=DEADLINE_S, cwd=folder)
+    assert res.returncode == 0, res.stderr
+    engine = json.loads(res.stdout)["engine"]
+    return [engine["cache_problem"]] if "cache_problem" in engine else [], engine.get("cached") and engine["flags"]
+
+
+def _fake_engine(folder: Path) -> str:
+    """An engine package for the probe to ask; the place its help is kept in (named by the engine's build)."""
+    (folder / "engine" / "fake_engine").mkdir(parents=True)
+    (folder / "engine" / "fake_engine" / "__init__.py").write_text("")
+    (folder / "engine" / "fake_engine" / "serve.py").write_text(ENGINE)
+    key = probe.identity(sys.executable, "fake_engine.serve", [], {"PYTHONPATH": str(folder / "engine")})["key"]
+    return str(probe.cache_path("cache", key))
+
+
+_JSON = json.dumps
+INPUTS = [
+    Input("bench_workloads_file", bounded.WORKLOADS_FILE, "workloads.jsonl",
+          (_JSON({"name": "haiku", "prompt": "Write a haiku."}) + "\n").encode(), _workloads, "Write a haiku."),
+    Input("run.json", bounded.RECORD, "run/run.json", _JSON({"run_id": "r1"}).encode(),
+          _collector(lambda run: run.meta), {"run_id": "r1"}),
+    Input("host.json", bounded.RECORD, f"run/{HOST}/host.json", _JSON({"host": HOST, "os": "x"}).encode(),
+          _collector(lambda run: run.hosts.get(HOST)), {"host": HOST, "os": "x"}),
+    Input("status.json", bounded.RECORD, f"run/{HOST}/{CONFIG}/status.json", _JSON({"status": "failed"}).encode(),
+          _collector(lambda run: [c.status for c in run.configs]), [{"status": "failed"}]),
+    Input("config.json", bounded.RECORD, f"run/{HOST}/{CONFIG}/config.json", _JSON({"tp": 2}).encode(),
+          _collector(_config), {"tp": 2}),
+    Input("requests.jsonl (report, msgspec)", bounded.REQUESTS, f"run/{HOST}/{CONFIG}/requests.jsonl",
+          (_JSON(ROW) + "\n" + _JSON({**ROW, "rep": 1}) + "\n").encode(),
+          _collector(lambda run: run.configs[0].count), 2),
+    Input("requests.jsonl (report, line by line)", bounded.REQUESTS, f"run/{HOST}/{CONFIG}/requests.jsonl",
+          (_JSON(ROW) + "\n" + _JSON({**ROW, "rep": 1}) + "\n").encode(),
+          _collector(lambda run: run.configs[0].count, plain=True), 2),
+    Input("requests.jsonl (plan's estimates)", bounded.REQUESTS, f"run/{HOST}/{CONFIG}/requests.jsonl",
+          (_JSON(ROW) + "\n").encode(), _read_requests, 1),
+    Input("kept engine help (agent)", bounded.HELP_CACHE, f"cache/engine-help-{KEY}.json", _JSON(HELP).encode(),
+          _kept_help, ["--port"]),
+    Input("kept engine help (probe text alone)", bounded.HELP_CACHE, "", _JSON(HELP).encode(), _probe_alone,
+          ["--port"], what_is_said=False),
+]
+
+
+def _capped(target: Callable[[], Any], conn: Any) -> None:
+    """In the case's process: the memory it may map is capped, then the result (or the error) goes back."""
+    with open("/proc/self/status") as f:
+        mapped = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = mapped + MEMORY_HEADROOM
+    resource.setrlimit(resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
+    try:
+        conn.send(("ok", target()))
+    except BaseException as exc:  # noqa: B036 (the case's process reports whatever ended it)
+        conn.send(("raised", f"{type(exc).__name__}: {exc}"))
+
+
+def within_deadline(target: Callable[[], Any]) -> tuple[Any, float]:
+    """`target()` in a forked process (so that a read that blocks can be ended), its result and the seconds it
+    took; the case fails when no answer came within DEADLINE_S."""
+    ctx = multiprocessing.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_capped, args=(target, send), daemon=True)
+    t0 = time.monotonic()
+    proc.start()
+    send.close()
+    try:
+        if not recv.poll(DEADLINE_S):
+            pytest.fail(f"no answer within {DEADLINE_S} s: the read blocks or has no end")
+        how, value = recv.recv()
+    finally:
+        proc.kill()
+        proc.join()
+    assert how == "ok", value
+    return value, time.monotonic() - t0
+
+
+def _plant(folder: Path, inp: Input, kind: str | None) -> Path:
+    place = inp.place or _fake_engine(folder)
+    at = folder / place
+    at.parent.mkdir(parents=True, exist_ok=True)
+    if kind is None:
+        at.write_bytes(inp.good)
+    else:
+        KINDS[kind][0](at, inp.bound)
+    return at
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("inp", INPUTS, ids=[i.name for i in INPUTS])
+def test_a_bad_file_is_refused_in_one_line_naming_it_and_the_limit(tmp_path: Path, inp: Input, kind: str) -> None:
+    at = _plant(tmp_path, inp, kind)
+    (lines, read), seconds = within_deadline(lambda: inp.read(tmp_path))
+    named = [line for line in lines if f"{at}:" in line]
+    assert len(named) == 1, lines  # exactly one line names the file
+    assert f"at most {bounded.size_text(inp.bound.limit)}" in named[0], named[0]
+    said = KINDS[kind][1](inp.bound) if inp.what_is_said else (  # the probe's own words, without agent.bounded
+        f"larger than {bounded.size_text(inp.bound.limit)};" if kind == "over-limit" else ": not a regular file;")
+    assert said in named[0], named[0]
+    assert read != inp.read_fine
+    assert seconds < DEADLINE_S
+
+
+@pytest.mark.parametrize("inp", INPUTS, ids=[i.name for i in INPUTS])
+def test_a_fine_file_is_read(tmp_path: Path, inp: Input) -> None:
+    """The control: the same input, a regular file within its limit, is read, and nothing is said of it."""
+    at = _plant(tmp_path, inp, None)
+    (lines, read), _ = within_deadline(lambda: inp.read(tmp_path))
+    assert not [line for line in lines if f"{at}:" in line], lines
+    assert read == inp.read_fine
+
+
+def test_an_earlier_run_the_plan_cannot_read_fails_it_in_one_line(tmp_path: Path) -> None:
+    """The plan reads earlier runs of the host in the results folder (its estimates, the engine's recorded flags):
+    a file there it cannot read fails the plan in one line naming it, not with a traceback."""
+    _plant(tmp_path, INPUTS[0], None)
+    root = _run_folder(tmp_path)
+    status = root / HOST / CONFIG / "status.json"
+    status.unlink()
+    status.mkdir()
+    res, _ = within_deadline(lambda: _plan(tmp_path, results=str(root.parent)))
+    assert res["failed"] and len(res["msg"].splitlines()) == 1, res
+    assert res["msg"].startswith(f"{HOST}: earlier results in bench_controller_results unreadable: ")
+    assert f"{status}" in res["msg"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The helper itself
+# ---------------------------------------------------------------------------------------------------------------
+
+SMALL = Bound("a test file", 64)
+READERS: dict[str, Callable[[Path], Any]] = {
+    "read_bytes": lambda p: bounded.read_bytes(p, SMALL),
+    "read_text": lambda p: bounded.read_text(p, SMALL),
+    "chunks": lambda p: b"".join(bounded.chunks(p, SMALL, 8)),
+}
+
+
+@pytest.mark.parametrize("reader", list(READERS))
+def test_a_file_that_holds_more_than_its_size_said_is_refused_at_the_limit(reader: str) -> None:
+    """A regular file that grows while it is read: /proc's files say size 0 and hold more. Reading stops one
+    byte past the limit."""
+    path = Path("/proc/self/maps")
+    with pytest.raises(bounded.BoundError) as exc:
+        READERS[reader](path)
+    assert str(exc.value) == f"{path}: grew past 64 bytes while read; allowed: a regular file of at most 64 bytes"
+
+
+@pytest.mark.parametrize("reader", list(READERS))
+def test_the_limit_itself_is_allowed(tmp_path: Path, reader: str) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * SMALL.limit)
+    assert READERS[reader](path) in (b"x" * 64, "x" * 64)
+    path.write_bytes(b"x" * (SMALL.limit + 1))
+    with pytest.raises(bounded.BoundError, match="65 bytes, larger than 64 bytes"):
+        READERS[reader](path)
+
+
+def test_a_name_with_a_newline_stays_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "a\nb"
+    os.mkfifo(path)
+    with pytest.raises(bounded.BoundError) as exc:
+        bounded.read_bytes(path, SMALL)
+    assert "\n" not in str(exc.value) and repr(str(path)) in str(exc.value)
+
+
+def test_the_limits_hold_what_the_project_itself_allows() -> None:
+    """A workloads file of the longest prompt the matrix allows, escaped, fits; so does a run of the million rows
+    benchmarks/report_scale.py reads, were they all one config's (about 1 KiB a row); the probe run alone keeps
+    the same limit on a kept help."""
+    assert len(json.dumps({"name": "long", "prompt": "\u00e9" * MAX_PROMPT_CHARS})) < bounded.WORKLOADS_FILE.limit
+    assert 1_000_000 * 1024 < bounded.REQUESTS.limit
+    assert probe.HELP_CACHE_BYTES == bounded.HELP_CACHE.limit
+    assert len({b.what for b in bounded.BOUNDS}) == len(bounded.BOUNDS)
+    assert {i.bound for i in INPUTS} == set(bounded.BOUNDS)  # every limit is tried by the table above
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Which settings name a place whose files specfleet reads: a new one joins by being declared
+# ---------------------------------------------------------------------------------------------------------------
+
+NAMES_A_PLACE = re.compile(r"\b(files?|folders?|paths?|store|director(y|ies))\b", re.I)
+# Each setting whose description names a file, folder or path: the inputs above it leads specfleet to read ...
+READ_THROUGH = {
+    "workloads_file": ["bench_workloads_file"],
+    "controller_results": ["run.json", "host.json", "status.json", "config.json", "requests.jsonl (report, msgspec)",
+                           "requests.jsonl (report, line by line)", "requests.jsonl (plan's estimates)"],
+    "host_dir": ["kept engine help (agent)", "kept engine help (probe text alone)"],
+}
+# ... or why nothing of specfleet reads a file there through agent.bounded
+NOT_READ_THROUGH = {
+    "model": "a folder on the host: the engine reads it; the probe reads its config.json (agent.probe.model)",
+    "draft_model": "as model",
+    "history_db": "the DuckDB store, opened by DuckDB (collector/store.py)",
+    "probe": "a switch",
+    "report_plots": "a switch; the plots are written, not read",
+    "service_read_only_paths": "bound into the systemd unit; systemd opens them, not specfleet",
+    "service_read_write_paths": "as service_read_only_paths",
+    "service_device_allow": "written into the unit's DeviceAllow=; never opened",
+}
+
+
+def test_every_setting_naming_a_place_is_accounted_for() -> None:
+    declared = {s.key for s in SETTINGS if NAMES_A_PLACE.search(s.description)}
+    assert declared == set(READ_THROUGH) | set(NOT_READ_THROUGH), (
+        "a setting names a file or folder: add the inputs specfleet reads there (bounded) to INPUTS and READ_THROUGH")
+    names = {i.name for i in INPUTS}
+    assert {n for ns in READ_THROUGH.values() for n in ns} == names
