@@ -30,22 +30,36 @@ def _fsync_dir(path: Path) -> None:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside `path`, fsync, then rename: readers see all or nothing."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    """Write to a temporary file beside `path`, fsync, then rename: readers see all or nothing. An OSError names
+    `path` (a full disk fails the write itself, which names no file)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise _named(exc, path) from exc
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError):
+            raise _named(exc, path) from exc
         raise
     _fsync_dir(path.parent)
+
+
+def _named(exc: OSError, path: Path) -> OSError:
+    """`exc` with `path` as its file (of its own class: ENOSPC stays an OSError, EACCES a PermissionError); one
+    without an errno as it is."""
+    if exc.errno is None:
+        return exc
+    return OSError(exc.errno, exc.strerror or os.strerror(exc.errno), str(path))
 
 
 def write_json(path: Path, obj: Any) -> None:

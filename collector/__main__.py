@@ -1,10 +1,18 @@
 """The `specfleet` command (also `python -m collector`): `report`, `compare`, `plot`, `where`, `pull`, `db` and
 `history` (the history store), and for the playbooks `stamp` (run.json), `unpack` (one host's archive into the run
 folder), `finish` (run.json closed, the history store updated, the report written, the run judged) and
-`verdict`."""
+`verdict`.
+
+Every subcommand's exit status means one thing (`main` maps what a subcommand raises; docs/results.md lists them):
+0 done; 1 the verdict: the run's statuses fail --fail-on (`finish`, `verdict`) or a cell regressed (`compare`);
+2 refused before anything changed: bad usage or input, or a path that holds what specfleet did not make;
+3 the system refused an operation (a full disk, a permission, an I/O error, a module not installed): said in one
+line with the path, the reason and what to do, nothing half-written left; 4 an unexpected error, a fault in
+specfleet (its traceback, then one line); 5 `pull`: the pull playbook failed on a host (its failed tasks above)."""
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import json
 import os
@@ -12,6 +20,8 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import traceback
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +29,21 @@ from agent.records import SCHEMA_VERSION
 from agent.store import now_iso, read_json, write_json
 
 from . import HTML_FILE, PACK_FILE, PLOTS_DIR, VS_FILE
+from .outputs.own import Foreign, check_report, check_run_json, host_folder_made, refusal
 from .verdict import FAIL_ON
+
+DONE, VERDICT, REFUSED, SYSTEM, FAULT, PULL_FAILED = 0, 1, 2, 3, 4, 5
+
+# What each subcommand was doing, for the line that says it failed
+OPERATIONS = {
+    "report": "reading the run and writing its report", "compare": "reading the two runs",
+    "plot": "drawing the run's plots", "where": "finding the run's report", "pull": "fetching the run from its hosts",
+    "db": "updating the history store", "history": "reading the history store",
+    "stamp": "recording the session in run.json", "unpack": "putting the host's results in place",
+    "finish": "closing the run and writing its report", "verdict": "reading the run's statuses",
+}
+# Where a failed step loses nothing: the hosts keep their results, and the same command brings them home
+KEPT_ON_HOSTS = ("finish", "unpack", "pull")
 
 # What a command needs is imported by that command: the playbooks call `stamp` and `unpack` on every run, and
 # neither should pay for pandas and scipy. So `compare`'s parser is here, its description too:
@@ -56,11 +80,13 @@ def _commit() -> str | None:
 
 def stamp(args: argparse.Namespace) -> int:
     """Create or update `run.json`; started_at is kept across resumed sessions."""
+    check_run_json(Path(args.run_dir))
     _stamp(Path(args.run_dir), args.event, args.suite, args.hosts)
     return 0
 
 
 def _stamp(root: Path, event: str, suite: str | None, hosts: list[str]) -> None:
+    """run.json opened or closed for a session (the caller has checked that a run.json there is specfleet's)."""
     meta = read_json(root / "run.json") or {}
     now = now_iso()
     meta.setdefault("run_id", root.name)
@@ -79,23 +105,72 @@ def _stamp(root: Path, event: str, suite: str | None, hosts: list[str]) -> None:
 
 def unpack(args: argparse.Namespace) -> int:
     """Put one host's results in place all at once: extract beside the run's host folder, then swap it in,
-    so an interrupted pull never leaves a half-extracted folder that looks complete."""
+    so an interrupted pull never leaves a half-extracted folder that looks complete. Only what specfleet made is
+    replaced or removed: the host folder (the agent's events.jsonl or host.json in it) and unpack's own staging
+    folder (its mark in it, or empty); anything else there is refused and left as it is."""
     root, host = Path(args.run_dir), args.host
-    new, old = root / f".{host}.unpack", root / f".{host}.old"
-    for leftover in (new, old):
-        shutil.rmtree(leftover, ignore_errors=True)
-    new.mkdir(parents=True)
-    with tarfile.open(args.archive) as tar:
-        tar.extractall(new, filter="data")
-    if not (new / host).is_dir():
-        print(f"{args.archive} holds no folder {host!r}", file=sys.stderr)
-        return 2
-    if (root / host).exists():
-        os.rename(root / host, old)
-    os.rename(new / host, root / host)
+    new, dest = root / f".{host}.unpack", root / host
+    old = root / f".{host}.old"  # where an earlier specfleet kept the replaced folder while swapping
+    for path, made in ((new, _staging_made), (old, host_folder_made), (dest, host_folder_made)):
+        if os.path.lexists(path) and not made(path):
+            raise refusal(path, "it holds no results of a host (no events.jsonl or host.json)" if path.is_dir()
+                          else "a file", "a host folder" if path != new else "an unpack folder")
+    _clear(new)
     shutil.rmtree(old, ignore_errors=True)
-    shutil.rmtree(new, ignore_errors=True)
-    return 0
+    new.mkdir(parents=True)
+    (new / UNPACKING).touch()
+    try:
+        if not _extract(Path(args.archive), new, host):
+            return REFUSED
+        if dest.exists():
+            os.rename(dest, new / REPLACED)
+        os.rename(new / host, dest)
+    finally:
+        _clear(new)  # nothing half-extracted stays behind
+    return DONE
+
+
+UNPACKING, REPLACED = ".specfleet-unpack", ".specfleet-replaced"  # unpack's mark, and the host folder it replaces
+
+
+def _staging_made(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink() and ((path / UNPACKING).is_file() or not any(path.iterdir()))
+
+
+def _clear(folder: Path) -> None:
+    """Remove unpack's staging folder, its mark last: an unpack cut short leaves it marked (or empty)."""
+    if not folder.is_dir():
+        return
+    for child in folder.iterdir():
+        if child.name == UNPACKING:
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
+    if [c.name for c in folder.iterdir()] in ([UNPACKING], []):
+        (folder / UNPACKING).unlink(missing_ok=True)
+        folder.rmdir()
+
+
+def _extract(archive: Path, into: Path, host: str) -> bool:
+    """The archive extracted into `into`; False once it is said that it is not a host's results archive."""
+    try:
+        with tarfile.open(archive) as tar:
+            tar.extractall(into, filter="data")
+    except (tarfile.TarError, EOFError, zlib.error) as exc:
+        print(f"{archive}: not a readable results archive ({exc}): fetch it again (run the same command again)",
+              file=sys.stderr)
+        return False
+    except OSError as exc:  # a full disk fails a write that names no file: the folder it extracts into
+        if exc.filename is None and exc.errno is not None:
+            raise OSError(exc.errno, os.strerror(exc.errno), str(into)) from exc
+        raise
+    if not host_folder_made(into / host):
+        print(f"{archive} holds no results of {host!r} (no folder {host}/ with events.jsonl or host.json)",
+              file=sys.stderr)
+        return False
+    return True
 
 
 def _run_dir(path: str, what: str = "run folder") -> Path | None:
@@ -121,6 +196,8 @@ def report(args: argparse.Namespace) -> int:
     root = _run_dir(args.run_dir)
     if root is None:
         return 2
+    if args.write:
+        check_report(root)  # before anything is written
     run = _load(root)
     from .report import render, write
 
@@ -215,6 +292,8 @@ def finish(args: argparse.Namespace) -> int:
     """The end of a playbook's session, in one process: run.json closed, every report file written, the markdown
     report printed, then the verdict as one JSON line ({"ok", "lines"}); exit 1 when the run fails `--fail-on`."""
     root = Path(args.run_dir)
+    check_run_json(root)  # what finish rewrites is specfleet's, or nothing is changed
+    check_report(root)
     _stamp(root, "finish", args.suite, args.hosts)
     run = _load(root, keep_rows=args.db != "")  # its request rows kept for the history store
     from .report import write
@@ -356,9 +435,75 @@ def add_history_parsers(sub: Any) -> None:
 
 
 def _pull(args: argparse.Namespace) -> int:
+    """The pull playbook's outcome: 0, or PULL_FAILED (ansible-playbook's own status said with it)."""
     from .pull import pull
 
-    return int(pull(args.limit, args.run_id, args.inventory, args.results, args.project))
+    rc = int(pull(args.limit, args.run_id, args.inventory, args.results, args.project))
+    if rc:
+        print(f"specfleet pull: the pull playbook failed (ansible-playbook status {rc}): its failed tasks are shown "
+              "above; the hosts keep the run: the same command fetches it again", file=sys.stderr)
+    return PULL_FAILED if rc else DONE
+
+
+def failure_line(cmd: str, exc: BaseException) -> str:
+    """One line for a subcommand stopped by `exc`: the operation, the path, the system's reason and what to do."""
+    doing = OPERATIONS.get(cmd, cmd)
+    kept = ("the hosts keep the run: nothing was lost" if cmd in KEPT_ON_HOSTS
+            else "no file was left half-written")
+    if isinstance(exc, OSError):
+        path = exc.filename if exc.filename is not None else "(the system named no file)"
+        path = f"{path} -> {exc.filename2}" if exc.filename2 is not None else path
+        reason = os.strerror(exc.errno) if exc.errno is not None else str(exc)
+        return (f"specfleet {cmd}: {doing} failed: {path}: {reason}; {_advice(exc)}, then run the same command "
+                f"again ({kept})")
+    if _duckdb_io(exc):
+        return (f"specfleet {cmd}: {doing} failed: {str(exc).strip()}; free space on (or give access to) the "
+                f"store's filesystem, then run the same command again ({kept})")
+    if isinstance(exc, ImportError):
+        return (f"specfleet {cmd}: {doing} failed: {exc.name or 'a module'} is not installed here ({exc}); install "
+                f"specfleet's requirements (`make venv`), then run the same command again ({kept})")
+    return (f"specfleet {cmd}: {doing} stopped on an unexpected error, {type(exc).__name__}: {exc} (a fault in "
+            f"specfleet, the traceback above says where: please report it; {kept})")
+
+
+def _advice(exc: OSError) -> str:
+    """What to do about an OSError, by its errno."""
+    where = f"the filesystem that holds {exc.filename}" if exc.filename is not None else "the results' filesystem"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"free space on {where}"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return "give this user access to it"
+    if exc.errno == errno.EROFS:
+        return f"make {where} writable"
+    if exc.errno == errno.ENOENT:
+        return "check that it exists"
+    return "fix the cause"
+
+
+def _duckdb_io(exc: BaseException) -> bool:
+    """DuckDB's own I/O error (a full disk under the history store), told apart without loading DuckDB."""
+    return any(c.__name__ == "IOException" and "duckdb" in c.__module__ for c in type(exc).__mro__)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The subcommand, its failures mapped to the exit statuses above: never a bare traceback, and never 1."""
+    try:
+        return int(args.func(args))
+    except Foreign as exc:
+        print(exc, file=sys.stderr)
+        return REFUSED
+    except SystemExit as exc:  # a subcommand's own refusal with its message
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+            return REFUSED
+        raise
+    except Exception as exc:  # noqa: BLE001  (said as itself, never as a verdict)
+        if isinstance(exc, (OSError, ImportError)) or _duckdb_io(exc):
+            print(failure_line(args.cmd, exc), file=sys.stderr)
+            return SYSTEM
+        traceback.print_exc()
+        print(failure_line(args.cmd, exc), file=sys.stderr)
+        return FAULT
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -436,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--hosts", nargs="*", default=[], help="the hosts to judge (default: every host of the run)")
     v.set_defaults(func=verdict)
     args = p.parse_args(argv)
-    return int(args.func(args))
+    return run(args)
 
 
 if __name__ == "__main__":

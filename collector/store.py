@@ -8,18 +8,25 @@ is what a user copies or opens with the DuckDB CLI, and a thousand runs do not b
 A run is read again only when one of the files the store reads of it changed (name, size or modification time):
 its fingerprint. The store mirrors the results folder: a run folder that is gone is dropped. A damaged file is
 skipped and named with its line, as the report does (`problems`, and the store's own `problems` table). The store's
-tables are `SCHEMA`; when they change, the next update rebuilds the store."""
+tables are `SCHEMA`; when they change, the next update rebuilds the store.
+
+specfleet writes only to a store it made: one whose `meta` table holds its schema digest (a new store is made with
+it, under a temporary name, then linked into place). Any other file at the store's path (not a database, damaged,
+or a DuckDB database without the marker) is refused, named, and never written to, `--rebuild` included."""
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import math
 import multiprocessing
 import os
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
@@ -315,25 +322,92 @@ class Busy(Exception):
 
 
 class Unusable(Exception):
-    """The file is not a store this DuckDB can open (damaged, not a database, another storage version)."""
+    """The file is not a history store specfleet made (not a database, damaged, another storage version, or a
+    DuckDB database without specfleet's marker): refused, and left as it is."""
 
 
-def connect(db: Path, read_only: bool = False, wait_s: float = WAIT_S) -> Any:
-    """The store, opened when no other process holds it for writing (polled until `wait_s` has passed: Busy;
-    a file DuckDB cannot open: Unusable)."""
+MARKER = "schema"  # specfleet's marker: the `meta` table's row of this key holds the store's schema digest
+
+
+def _refusal(db: Path, why: str) -> Unusable:
+    return Unusable(f"{db}: {why}, not a history store specfleet made; left as it is: pass another --db, or move "
+                    "it away and build the store there with `specfleet db`")
+
+
+def _marked(con: Any) -> Optional[str]:
+    """Why the open database is not specfleet's store (None: it carries the marker, a schema digest in `meta`)."""
+    tables = sorted({r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()})
+    columns = {r[0] for r in con.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_name = 'meta'").fetchall()}
+    if {"key", "value"} <= columns:
+        got = con.execute(f"SELECT value FROM meta WHERE key = '{MARKER}'").fetchone()
+        if got and isinstance(got[0], str) and len(got[0]) == 16 and set(got[0]) <= set("0123456789abcdef"):
+            return None
+    return f"a DuckDB database without specfleet's marker (its tables: {', '.join(tables) or 'none'})"
+
+
+def _open(db: Path, read_only: bool, deadline: float, wait_s: float) -> Any:
+    """DuckDB's connection, polled while another process holds the file (Busy past the deadline); a file DuckDB
+    cannot open: Unusable."""
     import duckdb
 
-    deadline = time.monotonic() + wait_s
     while True:
         try:
             return duckdb.connect(str(db), read_only=read_only)
         except duckdb.Error as exc:
-            if "lock" not in str(exc).lower():
-                raise Unusable(f"{db}: cannot be opened as a history store ({str(exc).strip()}); "
-                               "`specfleet db --rebuild` builds it again from the results folder") from None
+            if not any(w in str(exc).lower() for w in ("could not set lock", "conflicting lock")):
+                raise _refusal(db, f"DuckDB cannot open it ({str(exc).strip()})") from None
             if time.monotonic() >= deadline:
                 raise Busy(f"{db}: held by another process past {wait_s:.0f} s ({exc})") from None
             time.sleep(0.2)  # polling the lock until the deadline: DuckDB offers no wait on it
+
+
+def _new(db: Path) -> None:
+    """A new store at `db`: made under a temporary name beside it with its tables and marker, then linked into
+    place, so that a file at `db` is always a marked store; never over a file that appeared meanwhile (that one,
+    another process's store, is then used)."""
+    import duckdb
+
+    if not db.parent.is_dir():
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(db.parent))
+    tmp = db.with_name(f".{db.name}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        con = duckdb.connect(str(tmp))
+        try:
+            con.execute("BEGIN TRANSACTION")
+            _create(con, rebuild=True)
+            con.execute("COMMIT")
+            con.execute("CHECKPOINT")
+        finally:
+            con.close()
+        os.link(tmp, db)
+    except FileExistsError:
+        pass
+    finally:
+        for made in (tmp, tmp.with_name(tmp.name + ".wal")):
+            made.unlink(missing_ok=True)
+
+
+def connect(db: Path, read_only: bool = False, wait_s: float = WAIT_S) -> Any:
+    """The store, opened when no other process holds it for writing (polled until `wait_s` has passed: Busy). A
+    file there that is not a store specfleet made (DuckDB cannot open it, or it lacks the marker) is refused,
+    Unusable, and never written to; opened for writing where there is none, a new store is made."""
+    deadline = time.monotonic() + wait_s
+    if not os.path.lexists(db):
+        if read_only:
+            raise Unusable(f"{db}: no history store there: build it with `specfleet db`")
+        _new(db)
+    elif not db.is_file() or db.is_symlink():
+        raise _refusal(db, "a folder" if db.is_dir() else "not a plain file")
+    con = _open(db, True, deadline, wait_s)
+    try:
+        why = _marked(con)
+    finally:
+        if not read_only or why:
+            con.close()
+    if why:
+        raise _refusal(db, why)
+    return con if read_only else _open(db, False, deadline, wait_s)
 
 
 def _create(con: Any, rebuild: bool) -> bool:
@@ -341,7 +415,7 @@ def _create(con: Any, rebuild: bool) -> bool:
     was (re)created."""
     have = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
     digest = schema_digest()
-    old = con.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() if "meta" in have else None
+    old = con.execute(f"SELECT value FROM meta WHERE key = '{MARKER}'").fetchone() if "meta" in have else None
     if not rebuild and old is not None and old[0] == digest:
         return False
     for name in [*schema(), "meta"]:
@@ -349,7 +423,7 @@ def _create(con: Any, rebuild: bool) -> bool:
     for name, cols in schema().items():
         con.execute(f"CREATE TABLE {name} ({', '.join(f'{c} {t}' for c, t in cols)})")
     con.execute("CREATE TABLE meta (key VARCHAR PRIMARY KEY, value VARCHAR)")
-    con.execute("INSERT INTO meta VALUES ('schema', ?)", [digest])
+    con.execute(f"INSERT INTO meta VALUES ('{MARKER}', ?)", [digest])
     return True
 
 
@@ -433,14 +507,35 @@ def update(results: Path, db: Optional[Path] = None, rebuild: bool = False, wait
     found = runs_under(results)
     prints = {rid: fingerprint(folder) for rid, folder in found.items()}
     out = Summary(db)
+    with _system_errors(db):
+        _update(results, found, prints, out, rebuild, wait_s, warn, loaded)
+    out.seconds = time.monotonic() - start
+    return out
+
+
+@contextlib.contextmanager
+def _system_errors(db: Path) -> Iterator[None]:
+    """DuckDB's I/O errors (a full disk, a read-only filesystem) as the OSError they are, naming the store."""
+    import duckdb
+
     try:
-        con = connect(db, wait_s=wait_s)
-    except Unusable:
-        if not rebuild:
+        yield
+    except duckdb.IOException as exc:
+        text = str(exc)
+        code = next((c for c in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EIO)
+                     if os.strerror(c) in text), None)
+        if code is None:
             raise
-        for stale in (db, db.with_name(db.name + ".wal")):  # derived data: built again from the results
-            stale.unlink(missing_ok=True)
-        con = connect(db, wait_s=wait_s)
+        raise OSError(code, os.strerror(code), str(db)) from exc
+
+
+def _update(results: Path, found: dict[str, Path], prints: dict[str, str], out: Summary, rebuild: bool,
+            wait_s: float, warn: Callable[[str], Any], loaded: Optional[Run]) -> None:
+    """update's work, in one transaction: `found` the run folders under `results` with their fingerprints
+    (`prints`), said in `out`."""
+    import duckdb
+
+    con = connect(out.db, wait_s=wait_s)
     try:
         con.execute("BEGIN TRANSACTION")
         out.rebuilt = _create(con, rebuild)
@@ -469,12 +564,13 @@ def update(results: Path, db: Optional[Path] = None, rebuild: bool = False, wait
         out.runs = con.execute("SELECT count(*) FROM runs").fetchone()[0]
         con.execute("COMMIT")
     except BaseException:
-        con.execute("ROLLBACK")
+        try:
+            con.execute("ROLLBACK")
+        except duckdb.Error:
+            pass  # nothing to roll back any more (the commit itself failed): the store is as it was
         raise
     finally:
         con.close()
-    out.seconds = time.monotonic() - start
-    return out
 
 
 def _shown(v: Any) -> str:

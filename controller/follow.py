@@ -5,6 +5,7 @@ action does the polling."""
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,9 @@ def render(ev: dict[str, Any]) -> str | None:
     return None
 
 
+AGAIN = "the suite goes on on the host: run the same command again with the same run_id to attach"
+
+
 @dataclass
 class Follow:
     """The state of following one start of the agent (`invocation`) on `host`."""
@@ -56,6 +60,26 @@ class Follow:
     followed: str | None = None
     summary: list[dict[str, Any]] = field(default_factory=list)
     final_pass: bool = False
+
+    def command(self, a: dict[str, Any], wait: float) -> str:
+        """The poll to run on the host: `python <agent> progress` from the task's arguments `a`."""
+        entry = [a["agent"]] if a.get("agent") else ["-m", "agent"]  # the archive, or the package in agent_dir
+        return (f"cd {shlex.quote(a['agent_dir'])} && "
+                + " ".join(shlex.quote(x) for x in (a["python"], *entry, "progress", "--events", a["events"],
+                                                    "--offset", str(self.offset), "--state", a["state"],
+                                                    "--wait", str(wait if self.followed else 0))))
+
+    def answer(self, res: dict[str, Any]) -> dict[str, Any] | str:
+        """A poll's answer (the last line of its output, JSON), or the one line that says why it cannot be read."""
+        if res.get("rc") != 0:
+            return f"cannot read progress on {self.host}: {res.get('stderr', '')[-500:]}"
+        try:
+            probe = json.loads(res["stdout"].strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            probe = None
+        if not isinstance(probe, dict):
+            return f"cannot read progress on {self.host}: the agent answered {res.get('stdout', '')[-300:]!r}; {AGAIN}"
+        return probe
 
     def attach(self, probe: dict[str, Any]) -> str | None:
         """Whether the agent is found (this start, or a run already in progress): a line to show when

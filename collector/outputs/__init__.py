@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .. import HTML_FILE, PACK_FILE, PLOTS_DIR, VS_FILE
-from ..load import Run
+
+if TYPE_CHECKING:  # pandas loads with the outputs that render (own, which checks files, needs none of it)
+    import pandas as pd
+
+    from ..load import Run
 
 
 @dataclass
@@ -68,15 +70,19 @@ def _pack_csv(c: Context) -> Optional[str]:
 
 def _plots(c: Context) -> None:
     """Draw the plots into the run folder's plots/ (those of an earlier report that this one does not draw go), or,
-    with `draw` false, remove an earlier report's: they would not match this one."""
+    with `draw` false, remove an earlier report's: they would not match this one. A PNG or SVG there that specfleet
+    did not draw is refused (own.Foreign) and left, with everything else, as it was."""
+    from . import own
+
     assert c.folder is not None
     out = c.folder / PLOTS_DIR
     if c.draw:
         from . import plots
         c.plots = plots.write(c.run, c.table, out, c.history)
         return None
+    own.check_plots(out)
     for stale in out.glob("*.*") if out.is_dir() else []:
-        if stale.suffix in (".png", ".svg"):
+        if stale.suffix in own.PLOT_SUFFIXES:
             stale.unlink()
     c.plots = []
     return None

@@ -28,6 +28,7 @@ from ..load import Run
 from ..tables import DDTREE, DFLASH, _records, scheduling
 from ..views import budget, budget_key, load_words, method_label
 from ..views import na as _na
+from . import own
 
 FORMATS = ("png", "svg")
 GAP_Y = 0.04  # where a gap's marker sits, in axes coordinates: at the foot of the axes, never at a value
@@ -454,13 +455,17 @@ def _safe(name: str) -> str:
 
 def write(run: Run, df: pd.DataFrame, out: Path, history: Optional[list[dict[str, Any]]] = None) -> list[Path]:
     """Every plot of the run as PNG and SVG into `out`, and with `history` (collector.history.for_run) its trend
-    plots; the files written, in order. Plot files of an earlier report that this one no longer has are removed."""
+    plots; the files written, in order. Plot files of an earlier report that this one no longer has are removed.
+    Each carries specfleet's mark; a PNG or SVG in `out` without it is refused (own.Foreign) before anything is
+    drawn, and left as it was."""
+    own.check_plots(out)
     written: list[Path] = []
+    metadata = {"png": own.png_metadata(), "svg": own.svg_metadata()}
     with matplotlib.rc_context(RC):
         for name, fig in _all_figures(run, df, history or []):
             for fmt in FORMATS:
                 buf = io.BytesIO()
-                fig.savefig(buf, format=fmt, dpi=PNG_DPI, metadata={"Date": None} if fmt == "svg" else None)
+                fig.savefig(buf, format=fmt, dpi=PNG_DPI, metadata=metadata[fmt])
                 fig.set_layout_engine("none")  # laid out once: the next format keeps the same layout
                 path = out / f"{name}.{fmt}"
                 write_atomic(path, buf.getvalue())

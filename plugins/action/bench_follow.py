@@ -4,12 +4,11 @@ Each poll runs `python <agent> progress` on the host (the archive the role insta
 `agent_dir`): until the agent has started, after 0.25 s, then twice as long each time up to `interval` seconds;
 then one poll at a time that waits on the host for the next event (`wait` seconds at most). `controller.follow`
 turns the answers into progress lines as they happen and the task's result. Fails with the agent's own log when it
-dies early.
+dies early, and says any other stop (an answer that is not the agent's, a fault in specfleet) as itself: the suite
+goes on on the host either way, and the same command attaches to it again.
 """
 from __future__ import annotations
 
-import json
-import shlex
 import time
 from typing import Any
 
@@ -18,6 +17,7 @@ from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
 try:
+    from controller import stopped
     from controller.follow import Follow
 except ImportError as exc:  # ansible-playbook from another Python than the project's
     raise AnsibleError(f"specfleet's controller package is not importable ({exc}): run `make venv` and "
@@ -30,29 +30,25 @@ class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _supports_check_mode = False
 
+    @stopped.guard("following the suite on {host}", "the suite goes on on the host; with the same run_id the "
+                   "command attaches to it", (AnsibleError,))
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Poll until the suite ends; the task's result."""
         result = super().run(tmp, task_vars)
-        a = self._task.args
         host = (task_vars or {}).get("inventory_hostname", "?")
+        a = self._task.args
         follow = Follow(host, a["invocation"], a.get("log", "its log"))
         timeout = float(a.get("timeout", 172800))
         start_timeout = float(a.get("start_timeout", 60))
         interval = float(a.get("interval", 2))
         wait = float(a.get("wait", 15))
-        entry = [a["agent"]] if a.get("agent") else ["-m", "agent"]  # the archive, or the package in agent_dir
         t0, pause = time.monotonic(), 0.25
         while True:
             left = max(timeout - (time.monotonic() - t0), 0.0)
-            cmd = (f"cd {shlex.quote(a['agent_dir'])} && "
-                   + " ".join(shlex.quote(x) for x in (a["python"], *entry, "progress", "--events",
-                                                       a["events"], "--offset", str(follow.offset),
-                                                       "--state", a["state"], "--wait",
-                                                       str(min(wait, left) if follow.followed else 0))))
-            res = self._low_level_execute_command(cmd)
-            if res.get("rc") != 0:
-                result.update(failed=True, msg=f"cannot read progress on {host}: {res.get('stderr', '')[-500:]}")
+            probe = follow.answer(self._low_level_execute_command(follow.command(a, min(wait, left))))
+            if isinstance(probe, str):
+                result.update(failed=True, msg=probe)
                 return result
-            probe = json.loads(res["stdout"].strip().splitlines()[-1])
             elapsed = time.monotonic() - t0
             if follow.followed is None:
                 try:
@@ -78,3 +74,4 @@ class ActionModule(ActionBase):
                     result.update(failed=True, msg=f"still running on {host} after {timeout:.0f} s; re-run with "
                                                    f"the same run_id to attach")
                     return result
+

@@ -1,5 +1,6 @@
 """Action `bench_plan`: validate a host's benchmark matrix and render its configs, on the controller
-(`controller.plan`); prints the plan in plan mode and check mode."""
+(`controller.plan`); prints the plan in plan mode and check mode. What stops it other than a problem of the matrix
+or the host (a full disk, a fault in specfleet) is said as itself, never as a matrix problem."""
 from __future__ import annotations
 
 import json
@@ -13,7 +14,7 @@ from ansible.utils.display import Display
 
 try:
     from agent import probe
-    from controller import plan, settings
+    from controller import plan, settings, stopped
 except ImportError as exc:  # ansible-playbook from another Python than the project's
     raise AnsibleError(f"specfleet's controller package is not importable ({exc}): run `make venv` and "
                        f"`. .venv/bin/activate` in the project") from exc
@@ -26,6 +27,7 @@ class ActionModule(ActionBase):
     _supports_check_mode = True
     _supports_async = False
 
+    @stopped.guard("the plan for {host}", "nothing was started", (AnsibleError,))
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}
@@ -47,3 +49,4 @@ class ActionModule(ActionBase):
         except AnsibleConnectionFailure as exc:
             return {"unreachable": True, "msg": str(exc)}
         return {"rc": res.get("rc"), "stdout": res.get("stdout", ""), "stderr": res.get("stderr", "")}
+

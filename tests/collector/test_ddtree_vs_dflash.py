@@ -26,7 +26,7 @@ from collector import VS_FILE
 from collector.__main__ import main as collector_main
 from collector.load import load_run
 from collector.report import render
-from collector.tables import ddtree_vs_dflash, scheduling
+from collector.tables import VS_COLUMNS, ddtree_vs_dflash, scheduling
 from controller import matrix
 from tests.controller.test_matrix import suite_from_host_vars
 
@@ -233,7 +233,7 @@ def test_failed_dflash_config_keeps_its_column(tmp_path: Path) -> None:
 def test_no_ddtree_no_view(tmp_path: Path) -> None:
     """A run with DFlash but no DDTree: no section in md, no CSV file (a stale one removed), an empty list in JSON."""
     run_dir = write_run(tmp_path, ddtree=[])
-    (run_dir / VS_FILE).write_text("stale\n")
+    (run_dir / VS_FILE).write_text(",".join(VS_COLUMNS) + "\n")  # an earlier report's (its header)
     run = load_run(run_dir)
     assert ddtree_vs_dflash(run).empty
     assert "DDTree" not in render(run, "md")

@@ -404,17 +404,23 @@ def test_sql_answers_in_each_format_and_names_a_bad_query(eight: Path, capsys: p
     assert 'Referenced column "nope" not found' in capsys.readouterr().err
 
 
-def test_a_file_that_is_no_store_is_named_and_built_again_on_rebuild(tmp_path: Path,
-                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_file_that_is_no_store_is_named_and_left_as_it_is(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A file at the store's path that specfleet did not make: db, db --rebuild and history refuse it, name it, give
+    no advice that would destroy it, and leave it as it was; moved away, db builds the store."""
     results = tmp_path / "results"
     write_run(results, 0)
     db = results / store.DB_FILE
     db.write_text("not a database")
-    assert collector_main(["db", "--results", str(results)]) == 2
-    err = capsys.readouterr().err
-    assert f"{db}: cannot be opened as a history store (" in err and "`specfleet db --rebuild`" in err
-    assert collector_main(["history", "--results", str(results)]) == 2
-    assert collector_main(["db", "--results", str(results), "--rebuild"]) == 0
+    for args in (["db"], ["db", "--rebuild"], ["history"]):
+        assert collector_main([*args, "--results", str(results)]) == 2, args
+        err = capsys.readouterr().err
+        assert str(db) in err and "--rebuild" not in err, (args, err)
+        assert db.read_text() == "not a database"
+    assert "not a history store specfleet made; left as it is" in (
+        collector_main(["db", "--results", str(results)]), capsys.readouterr().err)[1]
+    db.rename(tmp_path / "notes.txt")
+    assert collector_main(["db", "--results", str(results)]) == 0
     assert "1 runs; read 1 (1 new, 0 changed)" in capsys.readouterr().out
     assert collector_main(["history", "--results", str(results), "--config", "tp1-ngram-k2"]) == 0
 

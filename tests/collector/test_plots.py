@@ -24,9 +24,14 @@ from agent.records import Outcome
 from agent.store import HostStore, write_json
 from collector.__main__ import main as collector_main
 from collector.load import Run, load_run
+from collector.outputs import own
 from collector.outputs.plots import figures, write
 from collector.tables import table
 from controller import matrix
+
+# plots an earlier report drew: marked as specfleet marks its plots (collector.outputs.own), so that they may go
+EARLIER_PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\x1ctEXtSoftware\x00" + own.MARK.encode() + b" (an earlier report)"
+EARLIER_SVG = f"<svg><metadata><dc:title>{own.MARK} (an earlier report)</dc:title></metadata></svg>".encode()
 
 pytestmark = pytest.mark.slow  # matplotlib at scale: `make test` runs it, `make test-fast` does not
 
@@ -130,7 +135,7 @@ def written(run: Run, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, l
     """The plots folder, with a plot file of an earlier report in it before, and the files written."""
     out = tmp_path_factory.mktemp("report") / "plots"
     out.mkdir()
-    (out / "speedup-vs-budget-oldhost-tp1.png").write_bytes(b"stale")
+    (out / "speedup-vs-budget-oldhost-tp1.png").write_bytes(EARLIER_PNG)
     return out, write(run, table(run), out)
 
 
@@ -294,7 +299,7 @@ def test_run_without_configs_writes_no_plot(tmp_path: Path) -> None:
     write_json(run_dir / "run.json", {"run_id": "empty"})
     out = run_dir / "plots"
     out.mkdir()
-    (out / "tok-s-gpu1-tp1.svg").write_text("<svg/>")
+    (out / "tok-s-gpu1-tp1.svg").write_bytes(EARLIER_SVG)
     run = load_run(run_dir)
     assert table(run).empty
     assert write(run, table(run), out) == [] and list(out.iterdir()) == []
@@ -306,8 +311,8 @@ def test_finish_without_plots_writes_every_report_file_and_removes_the_earlier_p
     is drawn, and the plots of an earlier report of the run go (they would no longer match it)."""
     run_dir = write_run(tmp_path)
     (run_dir / "plots").mkdir()
-    for name in ("tok-s-gpu1-tp1.png", "tok-s-gpu1-tp1.svg"):
-        (run_dir / "plots" / name).write_bytes(b"an earlier report's plot")
+    (run_dir / "plots" / "tok-s-gpu1-tp1.png").write_bytes(EARLIER_PNG)
+    (run_dir / "plots" / "tok-s-gpu1-tp1.svg").write_bytes(EARLIER_SVG)
     assert collector_main(["finish", str(run_dir), "--suite", "plots", "--no-plots", "--hosts", HOST]) == 0
     assert list((run_dir / "plots").iterdir()) == []
     page = (run_dir / "report.html").read_text()
