@@ -65,7 +65,7 @@ $(ENGINE)/.installed: requirements-engine.txt $(WHEELHOUSE)/.complete
 	touch $@
 
 models: $(MODELS)/.built
-$(MODELS)/.built: tools/build_tiny_models.py $(ENGINE)/.installed
+$(MODELS)/.built: tools/build_tiny_models.py tools/tiny_drafters.py $(ENGINE)/.installed
 	$(ENGINE)/bin/python tools/build_tiny_models.py $(MODELS)
 	touch $@
 

@@ -3,16 +3,20 @@
 Seeded and offline: a byte-level BPE tokenizer trained on local text and a 2-layer Llama with
 random weights; the draft model is a 1-layer copy that shares the target's embeddings, first
 layer, norm and head; the target's second layer is scaled down so the draft agrees with it often
-enough to exercise speculation.
+enough to exercise speculation. A DFlash and an EAGLE-3 drafter for the target follow
+(tools/tiny_drafters.py).
 The numbers these models produce say nothing about any real model.
 
-Usage: python tools/build_tiny_models.py OUT_DIR   (writes OUT_DIR/target and OUT_DIR/draft)
+Usage: python tools/build_tiny_models.py OUT_DIR
+       (writes OUT_DIR/target, OUT_DIR/draft, OUT_DIR/dflash and OUT_DIR/eagle3)
 """
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
+
+from tiny_drafters import build_drafters  # beside this file: a script's own folder is on its import path
 
 SEED = 20261130
 VOCAB_SIZE = 2048
@@ -73,6 +77,8 @@ def build(out: Path) -> None:
         for f in path.iterdir():  # the weights are written 0600: services running as another user read them
             f.chmod(0o644)
         print(f"built {path} ({sum(p.numel() for p in model.parameters())} parameters)")
+    for name, path in build_drafters(out / "target", out).items():
+        print(f"built {path} ({name} drafter)")
 
 
 if __name__ == "__main__":
