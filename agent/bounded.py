@@ -39,7 +39,19 @@ RECORD = Bound("a results record", 64 * MiB)
 REQUESTS = Bound("a requests.jsonl", 16 * GiB)
 # The engine's --help as agent.probe keeps it: its flags, choices and stated defaults, tens of KiB.
 HELP_CACHE = Bound("a kept engine help", 16 * MiB)
-BOUNDS = (WORKLOADS_FILE, RECORD, REQUESTS, HELP_CACHE)
+# The agent's events.jsonl, followed from an offset a piece at a time (EVENTS_PIECE). The agent writes some five
+# events a config and a config_progress (about 300 bytes) per server every progress_s (10 s by default): some 3 MB a
+# day a server, so 16 GiB is years of eight packed servers. With progress_s 0 (one event a burst of requests) the
+# events stay fewer bytes than the request rows (about 1 KiB each), whose 16 GiB limit a config holds (REQUESTS).
+EVENTS = Bound("an events.jsonl", 16 * GiB)
+# What one poll of the follow reads past its offset: 16 MiB of event lines is some 50,000 events, sent back in one
+# JSON answer; the rest comes on the next poll. An event line is a few hundred bytes, so no line is near it.
+EVENTS_PIECE = 16 * MiB
+# What Ansible reads in its own process before the playbook: an -e @file, an inventory file, a host_vars/ or
+# group_vars/ file (plugins/inventory/specfleet_guard.py). A matrix, an inventory, a host's variables are KiB;
+# 64 MiB holds eight workloads files' worth of prompts written inline, or an inventory of a hundred thousand hosts.
+ANSIBLE_FILE = Bound("an Ansible extra-vars, inventory or vars file", 64 * MiB)
+BOUNDS = (WORKLOADS_FILE, RECORD, REQUESTS, HELP_CACHE, EVENTS, ANSIBLE_FILE)
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
           (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
@@ -117,3 +129,25 @@ def read_text(path: str | os.PathLike[str], bound: Bound, errors: str = "strict"
     text = read_bytes(path, bound).decode("utf-8", errors=errors)
     return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
 
+
+def check(path: str | os.PathLike[str], bound: Bound) -> None:
+    """Raises BoundError unless `path` is now a regular file within `bound`, opening nothing: for a file another
+    program reads (Ansible). Other OSErrors (no such file) as `os.stat` raises them."""
+    _judge(path, os.stat(path), bound)
+
+
+def lines_from(path: str | os.PathLike[str], bound: Bound, offset: int, most: int) -> bytes:
+    """The whole lines of a file that is being written, from byte `offset`, at most `most` bytes of them (the rest
+    for the next call; a line still being written waits for it too), once the file is a regular file within
+    `bound` (BoundError; also when it holds more than its limit, or when `most` bytes from `offset` hold no line
+    end: a line longer than that would keep the reader at `offset` for good)."""
+    fd, _ = _open(path, bound)
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        f.seek(offset)
+        data = f.read(max(0, min(most, bound.limit + 1 - offset)))
+    if offset + len(data) > bound.limit:
+        raise _error(path, f"grew past {size_text(bound.limit)} while read", bound)
+    end = data.rfind(b"\n") + 1
+    if not end and len(data) >= most:
+        raise _error(path, f"no line end in the {size_text(most)} from byte {offset}", bound)
+    return data[:end]

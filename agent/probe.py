@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 try:  # imported as agent.probe (the agent's archive, the controller): the one reader of user-named files
     from . import bounded as _bounded
-except ImportError:  # this text run alone (`python -c`, as the plan sends it): _read_kept checks the same itself
+except ImportError:  # this text run alone (`python -c`, as the plan sends it): _read_bounded checks the same itself
     _bounded = None  # type: ignore[assignment]
 
 FLAG = re.compile(r"(?<![\w-])--[A-Za-z0-9][A-Za-z0-9_-]*")
@@ -264,30 +264,32 @@ def cache_path(cache: str, key: str) -> Path:
 
 
 HELP_CACHE_BYTES = 16 << 20  # agent.bounded.HELP_CACHE's limit, for this text run alone
+CONFIG_BYTES = 64 << 20  # agent.bounded.RECORD's: a model folder's config.json
 
 
-def _within(path: Path, st: os.stat_result, size: Optional[int] = None) -> None:
+def _within(path: Path, st: os.stat_result, limit: int, size: Optional[int] = None) -> None:
     """Raises OSError, one line naming the file and the limit, unless `st` is a regular file within it."""
-    allowed = f"allowed: a regular file of at most {HELP_CACHE_BYTES >> 20} MiB"
+    allowed = f"allowed: a regular file of at most {limit >> 20} MiB"
     if not stat.S_ISREG(st.st_mode):
         raise OSError(f"{path}: not a regular file; {allowed}")
-    if max(st.st_size, size or 0) > HELP_CACHE_BYTES:
-        raise OSError(f"{path}: larger than {HELP_CACHE_BYTES >> 20} MiB; {allowed}")
+    if max(st.st_size, size or 0) > limit:
+        raise OSError(f"{path}: larger than {limit >> 20} MiB; {allowed}")
 
 
-def _read_kept(path: Path) -> str:
-    """A kept help's text, once it is a regular file of at most HELP_CACHE_BYTES (it lies in the host folder the
-    user names: a FIFO or a device there fails at once, naming the file and the limit, instead of being read
-    without end); OSError otherwise. Through agent.bounded where it is importable, else with its checks here:
-    judged before it is opened, opened without blocking, judged again, read to one byte past the limit."""
+def _read_bounded(path: Path, bound: str, limit: int) -> str:
+    """A user-named file's text (a kept help in the host folder, a model folder's config.json), once it is a regular
+    file within its limit: a FIFO or a device there fails at once, naming the file and the limit, instead of being
+    read without end; OSError otherwise. Through agent.bounded (`bound`: the name of its limit there) where it is
+    importable, else with its checks here (`limit`, equal to it): judged before it is opened, opened without
+    blocking, judged again, read to one byte past the limit."""
     if _bounded is not None:
-        return _bounded.read_text(path, _bounded.HELP_CACHE)
-    _within(path, os.stat(path))
+        return _bounded.read_text(path, getattr(_bounded, bound))
+    _within(path, os.stat(path), limit)
     with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY), "rb", buffering=0) as f:
         st = os.fstat(f.fileno())
-        _within(path, st)
-        data = f.read(HELP_CACHE_BYTES + 1)
-    _within(path, st, len(data))  # it grew while read
+        _within(path, st, limit)
+        data = f.read(limit + 1)
+    _within(path, st, limit, len(data))  # it grew while read
     return data.decode()
 
 
@@ -297,7 +299,7 @@ def cached(cache: Optional[str], key: Optional[str], problems: Optional[List[str
     if not cache or not key:
         return None
     try:
-        data = json.loads(_read_kept(cache_path(cache, key)))
+        data = json.loads(_read_bounded(cache_path(cache, key), "HELP_CACHE", HELP_CACHE_BYTES))
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -337,13 +339,17 @@ def engine(python: str, module: str, dists: Sequence[str], env: Optional[Mapping
 
 
 def model(path: str) -> Dict[str, Any]:
-    """A model folder's config.json and the bytes of its weights (safetensors, else PyTorch files)."""
+    """A model folder's config.json and the bytes of its weights (safetensors, else PyTorch files). A config.json
+    that is there but cannot be read (not a regular file within its limit, unreadable) is said in `config_problem`,
+    one line naming it."""
     folder = Path(path)
     out: Dict[str, Any] = {"path": path, "config": None, "weights_bytes": None}
     try:
-        out["config"] = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
+        out["config"] = json.loads(_read_bounded(folder / "config.json", "RECORD", CONFIG_BYTES))
+    except (FileNotFoundError, NotADirectoryError, ValueError):
         pass
+    except OSError as exc:
+        out["config_problem"] = str(exc)
     for pattern in ("*.safetensors", "*.bin", "*.pt"):
         files = [p for p in folder.glob(pattern) if p.is_file()]
         if files:

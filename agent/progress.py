@@ -3,7 +3,13 @@ event lines after an offset, the agent's state file, whether its process lives, 
 because another held the run (`attached`: invocation → the invocation to follow) and the free space of the
 results filesystem — as one JSON object on stdout. With `--wait S` it answers as soon as a new whole line is
 there or the agent's process is gone, and after S seconds at the latest: the controller asks once per event,
-not once per interval."""
+not once per interval.
+
+The three files lie in the host folder the user names, so each is read through agent.bounded: a FIFO there does
+not block a poll, a device is not read without end. The events are read at most EVENTS_PIECE past the offset a
+poll (the rest on the next); events.jsonl that is not a regular file within its limit fails the poll
+(BoundError); the state and the refused starts, which the agent rewrites, read as absent with the one line in
+`problems`."""
 from __future__ import annotations
 
 import json
@@ -11,6 +17,8 @@ import os
 import time
 from pathlib import Path
 from typing import Any, Callable
+
+from . import bounded
 
 ATTACH = "agent.attach.jsonl"  # beside the state file: one line per start refused because the run was held
 
@@ -41,19 +49,16 @@ def _size(path: Path) -> int | None:
 
 
 def read(events: Path, offset: int, state_path: Path) -> dict[str, Any]:
-    """New whole lines of `events` from `offset` (a line still being written waits for the next poll)."""
+    """New whole lines of `events` from `offset`, at most EVENTS_PIECE of them (a line still being written waits for
+    the next poll); BoundError when events.jsonl is not a regular file within its limit. `problems`, only when there
+    are some: the state file or the refused starts that could not be read, one line each."""
     data = b""
     try:
-        with open(events, "rb") as f:
-            f.seek(offset)
-            data = f.read()
+        data = bounded.lines_from(events, bounded.EVENTS, offset, bounded.EVENTS_PIECE)
     except FileNotFoundError:
         pass
-    data = data[: data.rfind(b"\n") + 1]
-    try:
-        state = json.loads(state_path.read_text())
-    except (OSError, ValueError):
-        state = {}
+    problems: list[str] = []
+    state = _json(state_path, problems)
     if not isinstance(state, dict):
         state = {}
     try:
@@ -61,18 +66,34 @@ def read(events: Path, offset: int, state_path: Path) -> dict[str, Any]:
         free: int | None = st.f_bavail * st.f_frsize
     except OSError:
         free = None
-    return {"lines": data.decode(errors="replace"), "offset": offset + len(data), "state": state,
-            "alive": _alive(state.get("pid")), "attached": _attached(state_path.parent / ATTACH),
-            "free_bytes": free}
+    out = {"lines": data.decode(errors="replace"), "offset": offset + len(data), "state": state,
+           "alive": _alive(state.get("pid")), "attached": _attached(state_path.parent / ATTACH, problems),
+           "free_bytes": free}
+    return {**out, "problems": problems} if problems else out
 
 
-def _attached(path: Path) -> dict[str, str]:
-    out: dict[str, str] = {}
+def _text(path: Path, problems: list[str]) -> str | None:
+    """A small file the agent writes, as text; None when it is not there or cannot be read (a FIFO, a device, one
+    over RECORD's limit: said in `problems`)."""
     try:
-        text = path.read_text(errors="replace")
+        return bounded.read_text(path, bounded.RECORD, errors="replace")
+    except bounded.BoundError as exc:
+        problems.append(str(exc))
     except OSError:
-        return out
-    for line in text.splitlines():
+        pass
+    return None
+
+
+def _json(path: Path, problems: list[str]) -> Any:
+    try:
+        return json.loads(_text(path, problems) or "null")
+    except ValueError:
+        return None
+
+
+def _attached(path: Path, problems: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in (_text(path, problems) or "").splitlines():
         try:
             rec = json.loads(line)
         except ValueError:

@@ -7,6 +7,10 @@ weights, or the safetensors index's total size when the weights are not there), 
 A revision that is a commit is kept for good; a branch or tag is read again after a day, the kept answer serving while
 the Hub cannot be reached. The Hub is the one HF_ENDPOINT names (default huggingface.co), with HF_TOKEN for gated
 repositories; HF_HUB_OFFLINE=1 leaves it out. The token goes into the request's header only.
+
+Every file read here lies where the user points (HF_HOME, HF_HUB_CACHE, HF_TOKEN_PATH, XDG_CACHE_HOME) and is read
+through agent.bounded (RECORD's limit: refs, tokens and configs are bytes to KiB, a safetensors index a few MiB): one
+that is not a regular file within it is that model's error, one line naming it, never a blocked or endless read.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from agent import bounded
 from agent.store import write_json
 
 WEIGHTS = ("safetensors", "bin", "pt")  # the suffixes agent.probe.model sums, in its order (top-level files only)
@@ -55,9 +60,17 @@ def _token() -> Optional[str]:
         return token.strip()
     path = Path(os.environ.get("HF_TOKEN_PATH") or _hf_home() / "token")
     try:
-        return path.read_text().strip() or None
+        return _text(path).strip() or None
+    except bounded.BoundError:
+        raise
     except OSError:
         return None
+
+
+def _text(path: Path) -> str:
+    """A file of the Hugging Face cache or specfleet's, once it is a regular file within RECORD's limit
+    (bounded.BoundError)."""
+    return bounded.read_text(path, bounded.RECORD)
 
 
 def local_copy(repo_id: str, revision: str) -> Optional[dict[str, Any]]:
@@ -66,19 +79,25 @@ def local_copy(repo_id: str, revision: str) -> Optional[dict[str, Any]]:
     commit = revision if COMMIT.match(revision) else None
     if commit is None:
         try:
-            commit = (folder / "refs" / revision).read_text().strip()
+            commit = _text(folder / "refs" / revision).strip()
+        except bounded.BoundError:
+            raise
         except OSError:
             return None
     snapshot = folder / "snapshots" / commit
     try:
-        config = json.loads((snapshot / "config.json").read_text())
+        config = json.loads(_text(snapshot / "config.json"))
+    except bounded.BoundError:
+        raise
     except (OSError, ValueError):
         return None
     sizes = {p.name: p.stat().st_size for p in snapshot.iterdir() if p.is_file()}  # is_file: the blob is there
     size = weights_bytes(sizes)
     if size is None:
         try:
-            size = int(json.loads((snapshot / INDEX).read_text())["metadata"]["total_size"])
+            size = int(json.loads(_text(snapshot / INDEX))["metadata"]["total_size"])
+        except bounded.BoundError:
+            raise
         except (OSError, ValueError, KeyError, TypeError):
             return None
     return {"config": config, "weights_bytes": size, "commit": commit,
@@ -88,7 +107,10 @@ def local_copy(repo_id: str, revision: str) -> Optional[dict[str, Any]]:
 def _get(url: str, token: Optional[str]) -> Any:
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:  # noqa: S310 (https or the set endpoint)
-        return json.loads(response.read())
+        data = response.read(bounded.RECORD.limit + 1)  # an endpoint that answers without end is cut off
+    if len(data) > bounded.RECORD.limit:
+        raise ValueError(f"{url} answered more than {bounded.size_text(bounded.RECORD.limit)}")
+    return json.loads(data)
 
 
 def from_hub(repo_id: str, revision: str, endpoint: str, token: Optional[str]) -> dict[str, Any]:
@@ -103,14 +125,24 @@ def from_hub(repo_id: str, revision: str, endpoint: str, token: Optional[str]) -
 
 
 def model(repo_id: str, revision: Optional[str], cache: Path) -> dict[str, Any]:
-    """{config, weights_bytes, source} of a model by its Hub id and pinned revision, or {error} saying why not."""
+    """{config, weights_bytes, source} of a model by its Hub id and pinned revision, or {error} saying why not (a
+    file on the way that is not a regular file within its limit: naming it)."""
     revision = revision or "main"
+    try:
+        return _model(repo_id, revision, cache)
+    except bounded.BoundError as exc:
+        return {"error": f"{repo_id}@{revision}: {exc}"}
+
+
+def _model(repo_id: str, revision: str, cache: Path) -> dict[str, Any]:
     found = local_copy(repo_id, revision)
     if found:
         return found
     kept_path = cache / "hub" / f"{repo_id.replace('/', '--')}@{urllib.parse.quote(revision, safe='')}.json"
     try:
-        kept: Optional[dict[str, Any]] = json.loads(kept_path.read_text())
+        kept: Optional[dict[str, Any]] = json.loads(_text(kept_path))
+    except bounded.BoundError:
+        raise
     except (OSError, ValueError):
         kept = None
     if kept and (COMMIT.match(revision) or time.time() - float(kept.get("read_at") or 0) < FRESH_S):

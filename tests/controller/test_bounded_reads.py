@@ -2,9 +2,13 @@
 planted as each bad kind of file (a device without end, a FIFO without a writer, a folder, a file over its limit)
 is refused in one line naming the file, what it is and the limit, within seconds, and read as before when it is
 a fine one. Each case runs in a child process of its own with a deadline and a cap on its memory, so that a
-reader that would block on the FIFO or read /dev/zero without end fails the case instead of the machine."""
+reader that would block on the FIFO or read /dev/zero without end fails the case instead of the machine. What
+Ansible reads itself before the play (-e @file, the inventory, host_vars/ and group_vars/) is judged by the inventory
+plugin specfleet_guard, here in the table and in the programs that run it."""
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -15,16 +19,19 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable
 
 import pytest
 
-from agent import bounded, probe, records
+from agent import bounded, probe, progress, records
 from agent.bounded import Bound
 from collector import load
-from controller import plan
+from controller import hub, plan
 from controller.settings import MAX_PROMPT_CHARS, SETTINGS
+from tests import playbook
 
+ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 10.0  # a case reads a handful of small files; a reader that blocks or reads without end takes forever
 MEMORY_HEADROOM = 2 << 30  # above what the test process already maps: reading /dev/zero fails here, not the host
 HOST = "h"
@@ -64,6 +71,7 @@ class Input:
     read: Callable[[Path], tuple[list[str], Any]]  # the case's folder → (lines said, what was read of the file)
     read_fine: Any  # what a fine one reads as
     what_is_said: bool = True  # whether the line says what the file is (the probe run alone says less)
+    allowed: tuple[str, ...] = ()  # bad kinds that are fine here (Ansible reads a folder of inventories or vars)
 
 
 def _plan(folder: Path, **more: Any) -> dict[str, Any]:
@@ -159,6 +167,99 @@ def _fake_engine(folder: Path) -> str:
     return str(probe.cache_path("cache", key))
 
 
+def _model_agent(folder: Path) -> tuple[list[str], Any]:
+    """agent.probe.model as the agent reads a model folder (host.json's models; agent.bounded importable)."""
+    got = probe.model(str(folder / "model"))
+    return [got["config_problem"]] if "config_problem" in got else [], got["config"]
+
+
+def _model_alone(folder: Path) -> tuple[list[str], Any]:
+    """agent/probe.py's text run alone, as the plan sends it to a host, asked about a model folder (its engine is
+    not there: only the model is read)."""
+    request = {"engine": {"python": str(folder / "no-python"), "module": "none"},
+               "models": {"model": str(folder / "model")}}
+    res = subprocess.run([sys.executable, "-S", "-c", Path(probe.__file__).read_text(), json.dumps(request)],
+                         capture_output=True, text=True, timeout=DEADLINE_S, cwd=folder)
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout)["models"]["model"]
+    return [got["config_problem"]] if "config_problem" in got else [], got["config"]
+
+
+REPO, COMMIT = "org/m", "0123456789abcdef0123456789abcdef01234567"
+SNAPSHOT = f"hf/models--org--m/snapshots/{COMMIT}"
+MODEL_CONFIG = {"max_position_embeddings": 2048}
+
+
+def _hub(revision: str) -> Callable[[Path], tuple[list[str], Any]]:
+    """controller.hub.model as the plan reads a model off-site (HF_HUB_OFFLINE: the Hugging Face cache on this
+    machine, else specfleet's kept answer), around whichever of the cache's files the case planted."""
+    def read(folder: Path) -> tuple[list[str], Any]:
+        os.environ.update(HF_HUB_CACHE=str(folder / "hf"), HF_HUB_OFFLINE="1")  # this case's own process only
+        if revision == "main":
+            files = {f"hf/models--org--m/refs/{revision}": COMMIT, f"{SNAPSHOT}/config.json": json.dumps(MODEL_CONFIG),
+                     f"{SNAPSHOT}/{hub.INDEX}": json.dumps({"metadata": {"total_size": 1234}})}
+            for place, text in files.items():
+                (folder / place).parent.mkdir(parents=True, exist_ok=True)
+                if not os.path.lexists(folder / place):
+                    (folder / place).write_text(text)
+        got = hub.model(REPO, revision, folder / "cache")
+        return [got["error"]] if "error" in got else [], (got.get("config"), got.get("weights_bytes"))
+    return read
+
+
+def _hub_token(folder: Path) -> tuple[list[str], Any]:
+    """controller.hub's token as it goes to the Hub: HF_TOKEN_PATH (no HF_TOKEN set)."""
+    os.environ.pop("HF_TOKEN", None)
+    os.environ.pop("HUGGING_FACE_HUB_TOKEN", None)
+    os.environ["HF_TOKEN_PATH"] = str(folder / "token")
+    try:
+        return [], hub._token()
+    except bounded.BoundError as exc:
+        return [str(exc)], None
+
+
+def _progress(pick: Callable[[dict[str, Any]], Any]) -> Callable[[Path], tuple[list[str], Any]]:
+    """agent.progress.read, one poll of the controller's follow (`python -m agent progress`) from offset 0: a bad
+    events.jsonl fails the poll, a bad state or attach file is said in `problems`."""
+    def read(folder: Path) -> tuple[list[str], Any]:
+        (folder / "host").mkdir(exist_ok=True)
+        try:
+            out = progress.read(folder / "host" / "events.jsonl", 0, folder / "host" / "agent.json")
+        except bounded.BoundError as exc:
+            return [str(exc)], None
+        return out.get("problems", []), pick(out)
+    return read
+
+
+@functools.cache
+def _guard_module() -> ModuleType:
+    """plugins/inventory/specfleet_guard.py, as Ansible loads it."""
+    spec = importlib.util.spec_from_file_location("specfleet_guard", ROOT / "plugins/inventory/specfleet_guard.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _guard(args: Callable[[Path], dict[str, Any]]) -> Callable[[Path], tuple[list[str], Any]]:
+    """The inventory plugin specfleet_guard judging what an Ansible command with these arguments would read before
+    its play (at its first call, before any inventory source is read; then each source as it comes): (its line,
+    whether all passed)."""
+    module = _guard_module()  # loaded here, once: each case's process has it already
+    def read(folder: Path) -> tuple[list[str], Any]:
+        for place, text in {"inv/hosts.yml": "all:\n  hosts:\n    h:\n", "play/site.yml": "- hosts: all\n"}.items():
+            (folder / place).parent.mkdir(parents=True, exist_ok=True)
+            if not os.path.lexists(folder / place):
+                (folder / place).write_text(text)
+        given = args(folder)
+        line = module.refused([*module.named(given), *(("inventory source", s) for s in given.get("inventory", ()))])
+        return [line] if line else [], line is None
+    return read
+
+
+_INVENTORY = {"extra_vars": (), "listtasks": False}
+
+
 _JSON = json.dumps
 INPUTS = [
     Input("bench_workloads_file", bounded.WORKLOADS_FILE, "workloads.jsonl",
@@ -183,6 +284,36 @@ INPUTS = [
           _kept_help, ["--port"]),
     Input("kept engine help (probe text alone)", bounded.HELP_CACHE, "", _JSON(HELP).encode(), _probe_alone,
           ["--port"], what_is_said=False),
+    Input("model config.json (agent)", bounded.RECORD, "model/config.json", _JSON(MODEL_CONFIG).encode(),
+          _model_agent, MODEL_CONFIG),
+    Input("model config.json (probe text alone)", bounded.RECORD, "model/config.json", _JSON(MODEL_CONFIG).encode(),
+          _model_alone, MODEL_CONFIG, what_is_said=False),
+    Input("Hugging Face cache refs (plan off-site)", bounded.RECORD, "hf/models--org--m/refs/main", COMMIT.encode(),
+          _hub("main"), (MODEL_CONFIG, 1234)),
+    Input("Hugging Face cache config.json (plan off-site)", bounded.RECORD, f"{SNAPSHOT}/config.json",
+          _JSON(MODEL_CONFIG).encode(), _hub("main"), (MODEL_CONFIG, 1234)),
+    Input("Hugging Face cache index (plan off-site)", bounded.RECORD, f"{SNAPSHOT}/{hub.INDEX}",
+          _JSON({"metadata": {"total_size": 1234}}).encode(), _hub("main"), (MODEL_CONFIG, 1234)),
+    Input("kept Hub answer (plan off-site)", bounded.RECORD, f"cache/hub/org--m@{COMMIT}.json",
+          _JSON({"config": MODEL_CONFIG, "weights_bytes": 1234, "commit": COMMIT, "read_at": 0}).encode(),
+          _hub(COMMIT), (MODEL_CONFIG, 1234)),
+    Input("Hugging Face token file (plan off-site)", bounded.RECORD, "token", b"hf_token\n", _hub_token, "hf_token"),
+    Input("events.jsonl (follow's poll)", bounded.EVENTS, "host/events.jsonl", b'{"event": "suite_start"}\n',
+          _progress(lambda out: out["lines"]), '{"event": "suite_start"}\n'),
+    Input("agent state (follow's poll)", bounded.RECORD, "host/agent.json", _JSON({"state": "running"}).encode(),
+          _progress(lambda out: out["state"]), {"state": "running"}),
+    Input("refused starts (follow's poll)", bounded.RECORD, f"host/{progress.ATTACH}",
+          (_JSON({"invocation": "i2", "follow": "i1"}) + "\n").encode(), _progress(lambda out: out["attached"]),
+          {"i2": "i1"}),
+    Input("-e @file (guard)", bounded.ANSIBLE_FILE, "vars.yml", b"bench_repetitions: 2\n",
+          _guard(lambda f: {**_INVENTORY, "extra_vars": ("x=1", f"@{f / 'vars.yml'}")}), True),
+    Input("inventory source (guard)", bounded.ANSIBLE_FILE, "inv/hosts.yml", b"all:\n  hosts:\n    h:\n",
+          _guard(lambda f: {**_INVENTORY, "inventory": ("h1,h2", str(f / "inv/hosts.yml"))}), True,
+          allowed=("folder",)),
+    Input("host_vars file beside the inventory (guard)", bounded.ANSIBLE_FILE, "inv/host_vars/h.yml", b"x: 1\n",
+          _guard(lambda f: {**_INVENTORY, "inventory": (str(f / "inv/hosts.yml"),)}), True, allowed=("folder",)),
+    Input("group_vars file beside the playbook (guard)", bounded.ANSIBLE_FILE, "play/group_vars/all.yml", b"x: 1\n",
+          _guard(lambda f: {**_INVENTORY, "args": (str(f / "play/site.yml"),)}), True, allowed=("folder",)),
 ]
 
 
@@ -230,8 +361,10 @@ def _plant(folder: Path, inp: Input, kind: str | None) -> Path:
     return at
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
-@pytest.mark.parametrize("inp", INPUTS, ids=[i.name for i in INPUTS])
+CASES = [(inp, kind) for inp in INPUTS for kind in KINDS if kind not in inp.allowed]
+
+
+@pytest.mark.parametrize(("inp", "kind"), CASES, ids=[f"{inp.name}-{kind}" for inp, kind in CASES])
 def test_a_bad_file_is_refused_in_one_line_naming_it_and_the_limit(tmp_path: Path, inp: Input, kind: str) -> None:
     at = _plant(tmp_path, inp, kind)
     (lines, read), seconds = within_deadline(lambda: inp.read(tmp_path))
@@ -308,13 +441,28 @@ def test_a_name_with_a_newline_stays_one_line(tmp_path: Path) -> None:
     assert "\n" not in str(exc.value) and repr(str(path)) in str(exc.value)
 
 
+def test_a_file_being_written_is_read_a_piece_of_whole_lines_at_a_time(tmp_path: Path) -> None:
+    """lines_from (the follow's events.jsonl): at most `most` bytes from the offset, whole lines only, the rest on
+    the next call; a line longer than a piece would keep the reader where it is for good, and is refused."""
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"aaa\nbbb\ncc")
+    assert bounded.lines_from(path, SMALL, 0, 9) == b"aaa\nbbb\n"
+    assert bounded.lines_from(path, SMALL, 8, 9) == b""  # a line still being written waits
+    path.write_bytes(b"aaa\nbbb\nccccccccccc\n")
+    with pytest.raises(bounded.BoundError) as exc:
+        bounded.lines_from(path, SMALL, 8, 9)
+    assert str(exc.value) == (f"{path}: no line end in the 9 bytes from byte 8; allowed: a regular file of at most "
+                              "64 bytes")
+
+
 def test_the_limits_hold_what_the_project_itself_allows() -> None:
     """A workloads file of the longest prompt the matrix allows, escaped, fits; so does a run of the million rows
     benchmarks/report_scale.py reads, were they all one config's (about 1 KiB a row); the probe run alone keeps
-    the same limit on a kept help."""
+    the same limits on a kept help and a model's config.json."""
     assert len(json.dumps({"name": "long", "prompt": "\u00e9" * MAX_PROMPT_CHARS})) < bounded.WORKLOADS_FILE.limit
     assert 1_000_000 * 1024 < bounded.REQUESTS.limit
     assert probe.HELP_CACHE_BYTES == bounded.HELP_CACHE.limit
+    assert probe.CONFIG_BYTES == bounded.RECORD.limit
     assert len({b.what for b in bounded.BOUNDS}) == len(bounded.BOUNDS)
     assert {i.bound for i in INPUTS} == set(bounded.BOUNDS)  # every limit is tried by the table above
 
@@ -329,12 +477,13 @@ READ_THROUGH = {
     "workloads_file": ["bench_workloads_file"],
     "controller_results": ["run.json", "host.json", "status.json", "config.json", "requests.jsonl (report, msgspec)",
                            "requests.jsonl (report, line by line)", "requests.jsonl (plan's estimates)"],
-    "host_dir": ["kept engine help (agent)", "kept engine help (probe text alone)"],
+    "host_dir": ["kept engine help (agent)", "kept engine help (probe text alone)", "events.jsonl (follow's poll)",
+                 "agent state (follow's poll)", "refused starts (follow's poll)"],
+    "model": ["model config.json (agent)", "model config.json (probe text alone)"],
+    "draft_model": ["model config.json (agent)", "model config.json (probe text alone)"],
 }
 # ... or why nothing of specfleet reads a file there through agent.bounded
 NOT_READ_THROUGH = {
-    "model": "a folder on the host: the engine reads it; the probe reads its config.json (agent.probe.model)",
-    "draft_model": "as model",
     "history_db": "the DuckDB store, opened by DuckDB (collector/store.py)",
     "probe": "a switch",
     "report_plots": "a switch; the plots are written, not read",
@@ -344,9 +493,99 @@ NOT_READ_THROUGH = {
 }
 
 
+# The places named outside the settings, by the environment or Ansible's command line: the inputs read there
+NAMED_ELSEWHERE = {
+    "HF_HOME, HF_HUB_CACHE: the Hugging Face cache": ["Hugging Face cache refs (plan off-site)",
+                                                      "Hugging Face cache config.json (plan off-site)",
+                                                      "Hugging Face cache index (plan off-site)"],
+    "HF_TOKEN_PATH": ["Hugging Face token file (plan off-site)"],
+    "XDG_CACHE_HOME: specfleet's cache": ["kept Hub answer (plan off-site)"],
+    "-e @file, -i and the host_vars/ and group_vars/ beside them and the playbook": [
+        "-e @file (guard)", "inventory source (guard)", "host_vars file beside the inventory (guard)",
+        "group_vars file beside the playbook (guard)"],
+}
+
+
 def test_every_setting_naming_a_place_is_accounted_for() -> None:
     declared = {s.key for s in SETTINGS if NAMES_A_PLACE.search(s.description)}
     assert declared == set(READ_THROUGH) | set(NOT_READ_THROUGH), (
         "a setting names a file or folder: add the inputs specfleet reads there (bounded) to INPUTS and READ_THROUGH")
     names = {i.name for i in INPUTS}
-    assert {n for ns in READ_THROUGH.values() for n in ns} == names
+    assert {n for ns in [*READ_THROUGH.values(), *NAMED_ELSEWHERE.values()] for n in ns} == names
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The guard in the programs that run it: Ansible's commands (it ends them), a program that builds an inventory in
+# its own process (it does nothing), ansible-runner (its command line passes)
+# ---------------------------------------------------------------------------------------------------------------
+
+WITHOUT_GUARD = {"ANSIBLE_INVENTORY_ENABLED": "host_list,script,auto,yaml,ini,toml"}  # Ansible's default list
+
+
+def _ansible(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(playbook.BIN / args[0]), *args[1:]], cwd=ROOT, env=playbook.ansible_env(env),
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_the_guard_leaves_the_inventory_as_ansible_reads_it() -> None:
+    """`ansible-inventory --list` of the project's inventory, host_vars and group_vars: the same with the guard as
+    with Ansible's default plugins alone."""
+    guarded, plain = _ansible("ansible-inventory", "--list"), _ansible("ansible-inventory", "--list", env=WITHOUT_GUARD)
+    assert guarded.returncode == 0 and plain.returncode == 0, guarded.stderr[-2000:] + plain.stderr[-2000:]
+    assert json.loads(guarded.stdout) == json.loads(plain.stdout)
+    assert "local" in json.loads(guarded.stdout)["_meta"]["hostvars"]
+
+
+def test_a_device_as_the_inventory_ends_the_command_in_one_line() -> None:
+    """`-i /dev/zero`: Ansible's ini plugin would read it until memory ends; the command ends in a second instead."""
+    t0 = time.monotonic()
+    res = _ansible("ansible-inventory", "-i", "/dev/zero", "--list")
+    line = ("[ERROR]: inventory source: /dev/zero: a character device, not a regular file; allowed: a regular file of "
+            f"at most {bounded.size_text(bounded.ANSIBLE_FILE.limit)}")
+    assert res.returncode == 1 and line in res.stderr.splitlines(), res.stderr[-2000:]
+    assert time.monotonic() - t0 < 30  # a command that starts in a second or two
+
+
+IN_PROCESS = """
+import json, sys
+from ansible import constants as C, context
+from ansible.inventory.manager import InventoryManager
+from ansible.module_utils.common.collections import ImmutableDict
+from ansible.parsing.dataloader import DataLoader
+from ansible.plugins.loader import init_plugin_loader, inventory_loader
+init_plugin_loader()
+inventory = InventoryManager(loader=DataLoader(), sources=[sys.argv[1]])
+context.CLIARGS = ImmutableDict(extra_vars=("@/dev/zero",), inventory=["/dev/zero"])  # as a library user sets them
+wants = inventory_loader.get("specfleet_guard").verify_file("/dev/zero")
+print(json.dumps({"enabled": C.INVENTORY_ENABLED, "hosts": sorted(inventory.hosts), "wants": wants}))
+"""
+
+
+def test_a_program_building_an_inventory_in_its_own_process_is_left_alone() -> None:
+    """The guard ends Ansible's commands only: a program of its own (a test harness, a tool on Ansible's API) gets
+    its inventory with the guard enabled, and the guard neither ends it nor takes a source, whatever its arguments
+    name (reading them is Ansible's then, as without the guard)."""
+    res = subprocess.run([sys.executable, "-c", IN_PROCESS, "inventory/hosts.yml"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, env=playbook.ansible_env())
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads(res.stdout.splitlines()[-1])
+    assert out["enabled"][0] == "specfleet_guard"
+    assert {"local", "ct200", "th1"} <= set(out["hosts"]) and out["wants"] is False
+
+
+@pytest.mark.playbook
+def test_ansible_runner_passes_the_guard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ansible-runner (`specfleet pull`) hands its extra vars to ansible-playbook as `-e @<its folder>/env/extravars`:
+    a regular file, judged and read as before."""
+    import ansible_runner
+
+    (tmp_path / "private").mkdir()
+    play = tmp_path / "play.yml"
+    play.write_text("- hosts: local\n  gather_facts: false\n  tasks:\n    - ansible.builtin.debug: {msg: '{{ x }}'}\n")
+    monkeypatch.setenv("PATH", f"{playbook.BIN}:{os.environ.get('PATH', '')}")  # its ansible-playbook: this venv's
+    run = ansible_runner.run(private_data_dir=str(tmp_path / "private"), project_dir=str(ROOT), playbook=str(play),
+                             inventory=[str(ROOT / "inventory/hosts.yml")], limit="local", extravars={"x": "through"},
+                             envvars={"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}, quiet=True)
+    assert (run.status, run.rc) == ("successful", 0), run.stdout.read()[-2000:]
+    assert "-e" in run.config.command and any(a.startswith("@") for a in run.config.command)
+    assert [e["event_data"]["res"]["msg"] for e in run.events if e["event"] == "runner_on_ok"] == ["through"]
