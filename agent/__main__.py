@@ -11,7 +11,7 @@ import time
 import uuid
 from pathlib import Path
 
-from . import progress, records, secrets
+from . import bounded, progress, records, secrets
 from .store import now_iso, read_json, write_json
 
 
@@ -164,8 +164,12 @@ def pack(args: argparse.Namespace) -> int:
 
 def show_progress(args: argparse.Namespace) -> int:
     events, state = Path(args.events), Path(args.state)
-    out = (progress.wait(events, args.offset, state, args.wait) if args.wait > 0
-           else progress.read(events, args.offset, state))
+    try:
+        out = (progress.wait(events, args.offset, state, args.wait) if args.wait > 0
+               else progress.read(events, args.offset, state))
+    except bounded.BoundError as exc:  # the events file is not one the agent wrote: said in one line
+        print(f"cannot read the agent's events: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(out))
     return 0
 

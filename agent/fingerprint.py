@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from . import gpu, probe
+from . import bounded, gpu, probe
 from .engines import DISTRIBUTIONS, ENGINES
 
 
@@ -91,7 +91,10 @@ def model_digest(path: str) -> str | None:
     h = hashlib.sha256()
     cfg = p / "config.json"
     if cfg.exists():
-        h.update(cfg.read_bytes())
+        try:  # a user's folder: a FIFO or a device there is named in the digest's input, never read
+            h.update(bounded.read_bytes(cfg, bounded.RECORD))
+        except OSError as exc:
+            h.update(str(exc).encode())
     for f in sorted(p.glob("*.safetensors")) + sorted(p.glob("*.bin")):
         h.update(f"{f.name}:{f.stat().st_size}".encode())
     return h.hexdigest()[:16]

@@ -99,7 +99,7 @@ class Follow:
     def step(self, probe: dict[str, Any]) -> tuple[list[str], dict[str, Any] | None]:
         """(lines to show, the final result or None to poll again) after one poll of an attached agent."""
         self.offset = probe["offset"]
-        lines = []
+        lines = [f"warning: {p}" for p in probe.get("problems") or []]  # the agent's files it could not read
         for line in probe["lines"].splitlines():
             try:
                 ev = json.loads(line)

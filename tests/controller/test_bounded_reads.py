@@ -387,6 +387,36 @@ def test_a_fine_file_is_read(tmp_path: Path, inp: Input) -> None:
     assert read == inp.read_fine
 
 
+@pytest.mark.parametrize("kind", [k for k in KINDS if k != "folder"])
+def test_the_host_fingerprint_digests_a_bad_model_config_without_reading_it(tmp_path: Path, kind: str) -> None:
+    """host.json's model digest (agent.fingerprint): a config.json that is no regular file within its limit goes
+    into the digest as its one-line refusal, never read; the digest still moves when the file does."""
+    from agent import fingerprint
+
+    at = tmp_path / "model" / "config.json"
+    at.parent.mkdir()
+    KINDS[kind][0](at, bounded.RECORD)
+    bad, _ = within_deadline(lambda: fingerprint.model_digest(str(tmp_path / "model")))
+    at.unlink()
+    at.write_text("{}")
+    assert bad and bad != fingerprint.model_digest(str(tmp_path / "model"))
+
+
+@pytest.mark.parametrize("kind", [k for k in KINDS if k != "folder"])
+def test_the_agents_progress_command_says_a_bad_events_file_in_one_line(tmp_path: Path, kind: str) -> None:
+    """`python -m agent progress`, the follow's poll on the host: exit 2 and one line naming the file and the limit
+    (the follow shows it as the reason it cannot read progress)."""
+    events = tmp_path / "events.jsonl"
+    KINDS[kind][0](events, bounded.EVENTS)
+    res = subprocess.run([sys.executable, "-m", "agent", "progress", "--events", str(events), "--offset", "0",
+                          "--state", str(tmp_path / "agent.json"), "--wait", "0"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert (res.returncode, res.stdout) == (2, ""), res
+    assert res.stderr.strip().splitlines() == [
+        f"cannot read the agent's events: {events}: {KINDS[kind][1](bounded.EVENTS)}; allowed: a regular file of "
+        f"at most {bounded.size_text(bounded.EVENTS.limit)}"], res.stderr
+
+
 def test_an_earlier_run_the_plan_cannot_read_fails_it_in_one_line(tmp_path: Path) -> None:
     """The plan reads earlier runs of the host in the results folder (its estimates, the engine's recorded flags):
     a file there it cannot read fails the plan in one line naming it, not with a traceback."""
