@@ -595,11 +595,12 @@ def test_serve_measures_every_request_of_every_repetition(tmp_path: Path) -> Non
 
 
 def test_serve_sends_an_open_loop_cell_on_its_schedule(tmp_path: Path) -> None:
-    """Open-loop cells (20 req/s, Poisson; all at once) against a server whose requests take 0.24 s each: every
-    request is sent when its schedule says, whether or not the earlier ones finished; each row keeps when it was
-    due, on the clock of sent_s, and the schedule is the cell's (the same for every config)."""
+    """Open-loop cells (20 req/s, Poisson; all at once) against a server that holds each request until the five of
+    its cell and repetition have all arrived (STANDIN_TOGETHER): a client that waited for the earlier ones to finish
+    would never get there (and fail them). Every request is sent when its schedule says, never before; each row
+    keeps when it was due, on the clock of sent_s, and the schedule is the cell's (the same for every config)."""
     sweep = {"workloads": ["fib"], "max_tokens": [MAX_TOKENS], "request_rates": [20, "inf"], "requests": 5}
-    host, configs = setup(tmp_path, write_engine(tmp_path / "engine"), env={"STANDIN_STEP_S": "0.03"},
+    host, configs = setup(tmp_path, write_engine(tmp_path / "engine"), env={"STANDIN_TOGETHER": "5"},
                           phases=[{"name": "tp1", "configs": [{"method": "autoregressive"}], "sweeps": [sweep]}])
     cfg = configs["tp1-autoregressive"]
     assert cfg["requests"] == 2 * 5 * 2
@@ -615,11 +616,11 @@ def test_serve_sends_an_open_loop_cell_on_its_schedule(tmp_path: Path) -> None:
                        for r in mine)
             due = [r["scheduled_s"] - mine[0]["scheduled_s"] for r in mine]
             assert due == pytest.approx(arrivals.schedule(cell, rep), abs=2e-6)  # the cell's own schedule
-            # when it was due, never before, and without waiting for the earlier requests (8 steps of 0.03 s each)
-            assert all(0 <= r["sent_s"] - r["scheduled_s"] + 1e-6 < 0.2 for r in mine)
-            assert any(b["sent_s"] < a["done_s"] for a, b in zip(mine, mine[1:]))
-            if cell["request_rate"] == "inf":
-                assert max(r["sent_s"] for r in mine) < min(r["done_s"] for r in mine)
+            # when it was due, never before (how late it went is the machine's pace: the rows keep it, the report
+            # flags it)
+            assert all(r["sent_s"] - r["scheduled_s"] + 1e-6 >= 0 for r in mine)
+            # and without waiting for the earlier ones: all five were in flight at once
+            assert max(r["sent_s"] for r in mine) < min(r["done_s"] for r in mine)
     assert {r["request_rate"] for r in res.rows} == {20, "inf"}
 
 

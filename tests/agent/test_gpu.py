@@ -139,12 +139,38 @@ def test_released_custom_tolerance_and_every_gpu() -> None:
 # wait_released()
 # ---------------------------------------------------------------------------------------------------------------
 
-def sequence_reader(held_calls: int, held: str, free: str) -> tuple[Callable[[], Optional[str]], list[float]]:
-    """A `read` returning `held` for the first `held_calls` calls, then `free`; records call times."""
+class Clock:
+    """agent.gpu's `time`, faked: `monotonic` reads `now`, which only `sleep` moves on (by what it is asked), so
+    that a wait's deadline and its polls are counted exactly, however fast the machine."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.slept: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    import agent.gpu
+
+    fake = Clock()
+    monkeypatch.setattr(agent.gpu, "time", fake)
+    return fake
+
+
+def sequence_reader(held_calls: int, held: str, free: str,
+                    clock: Optional[Clock] = None) -> tuple[Callable[[], Optional[str]], list[float]]:
+    """A `read` returning `held` for the first `held_calls` calls, then `free`; records call times (on `clock`)."""
     calls: list[float] = []
 
     def read() -> Optional[str]:
-        calls.append(time.monotonic())
+        calls.append(clock.now if clock is not None else time.monotonic())
         return held if len(calls) <= held_calls else free
 
     return read, calls
@@ -159,46 +185,44 @@ def test_wait_released_after_k_held_readings() -> None:
     assert len(calls) == 4
 
 
-def test_wait_released_like_release_log() -> None:
-    """release.log: memory back 0.204 s after the kill. A reader that is held until then is waited for."""
+def test_wait_released_like_release_log(clock: Clock) -> None:
+    """release.log: memory back 0.204 s after the kill. A reader that is held until then is waited for, and the
+    wait ends at the first poll that finds it back (polls every 0.05 s: at 0.25 s)."""
     m = re.search(r"kill->memory released s ([0-9.]+) used after (\d+)", capture("release.log"))
     assert m, "release.log format changed"
     release_after, used_after = float(m.group(1)), int(m.group(2))
     held, free = query_csv_with_used(29139), query_csv_with_used(used_after)
-    t0 = time.monotonic()
+    seen: list[float] = []
 
     def read() -> str:
-        return free if time.monotonic() - t0 >= release_after else held
+        seen.append(clock.now)
+        return free if clock.now >= release_after else held
 
     ok, now = wait_released({0: 0}, deadline_s=30.0, read=read, interval=0.05)
-    elapsed = time.monotonic() - t0
     assert ok is True
     assert now == {0: used_after}
-    assert release_after <= elapsed < release_after + 1.0
+    assert all(t < release_after for t in seen[:-1]) and release_after <= seen[-1] < release_after + 0.05
+    assert clock.now == seen[-1]  # no sleep after the reading that found it back
 
 
-def test_wait_released_times_out_when_always_held() -> None:
-    """Always held, deadline 0.5 s: (False, the held reading), not before the deadline."""
+def test_wait_released_times_out_when_always_held(clock: Clock) -> None:
+    """Always held, deadline 0.5 s, a poll every 0.1 s: (False, the held reading), at the deadline and not before,
+    after a reading at each poll."""
     held = query_csv_with_used(held_used_mib())
-    read, calls = sequence_reader(10**9, held, held)
-    t0 = time.monotonic()
+    read, calls = sequence_reader(10**9, held, held, clock)
     ok, now = wait_released({0: 0}, deadline_s=0.5, read=read, interval=0.1)
-    elapsed = time.monotonic() - t0
     assert ok is False
     assert now == {0: 19601}
-    assert elapsed >= 0.5, f"returned early after {elapsed:.3f} s"
-    assert elapsed < 2.0
-    assert len(calls) >= 2  # it polled again rather than giving up after one reading
+    assert clock.now == pytest.approx(0.5)
+    assert calls == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4, 0.5])
 
 
-def test_wait_released_no_gpus_returns_at_once() -> None:
+def test_wait_released_no_gpus_returns_at_once(clock: Clock) -> None:
     """idle {} (no GPUs at start): released at once, even if a reading would look busy."""
-    read, calls = sequence_reader(10**9, query_csv_with_used(held_used_mib()), "")
-    t0 = time.monotonic()
+    read, calls = sequence_reader(10**9, query_csv_with_used(held_used_mib()), "", clock)
     ok, _ = wait_released({}, deadline_s=10.0, read=read, interval=1.0)
     assert ok is True
-    assert time.monotonic() - t0 < 0.5
-    assert len(calls) <= 1
+    assert clock.slept == [] and len(calls) <= 1
 
 
 def test_wait_released_unreadable_smi_is_not_released() -> None:

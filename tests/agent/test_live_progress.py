@@ -77,31 +77,43 @@ def test_a_config_reports_done_tok_s_and_eta_from_its_own_requests(tmp_path: Pat
     assert status["status"] == "ok", status
     _, _, rows = assert_contract(host.store.config_dir(cfg["config_id"]), cfg["config_id"])
     said = progress_events(events(host))
+    # each request streams its 24 tokens a step of at least 2 ms apart: the ten bursts take 0.48 s or more, room
+    # for two windows of 0.15 s however fast the machine (a slower one only makes more room)
     assert len(said) >= 2, (status["timed_s"], said)
-    assert len(said) <= status["timed_s"] / every + 1  # at most one per interval
     kinds = [e["event"] for e in events(host)]
     assert kinds.index(Event.CONFIG_READY.value) < kinds.index(Event.CONFIG_PROGRESS.value)
     elapsed = 0.0
-    for before, e in zip([{"done": 0}, *said], said):
+    bounds = [0, *(e["done"] for e in said)]
+    for k, (before, e) in enumerate(zip([{"done": 0}, *said], said)):
         assert e["config_id"] == cfg["config_id"] and e["total"] == cfg["requests"] == len(rows) == 15
-        assert e["done"] > before["done"] and e["window_s"] >= every
+        assert e["done"] > before["done"] and e["window_s"] >= every  # at most one report per interval
         # the tokens the server counted for the requests finished in the window, over the window's seconds
         tokens = sum(r["completion_tokens"] for r in rows[before["done"]:e["done"]] if r["ok"])
         assert tokens == OUT * (e["done"] - before["done"])
         assert e["tok_s"] == pytest.approx(tokens / e["window_s"], rel=1e-2)
+        # the window is the time since the last report: it holds its own requests (the last report came before the
+        # first of them was sent, this one after the last of them was done), and no more than the time from the end
+        # of the requests before it to the first one after it
+        mine, earlier, later = rows[bounds[k]:bounds[k + 1]], rows[:bounds[k]], rows[bounds[k + 1]:]
+        assert e["window_s"] + 1e-3 >= max(r["done_s"] for r in mine) - min(r["sent_s"] for r in mine), (k, e)
+        if earlier and later:
+            assert e["window_s"] <= min(r["sent_s"] for r in later) - max(r["done_s"] for r in earlier) + 1e-3, \
+                (k, e)
         # requests left times the mean seconds per request since the timed requests began
         elapsed += e["window_s"]
         assert e["eta_s"] == pytest.approx(elapsed / e["done"] * (e["total"] - e["done"]), abs=0.06)
-    assert elapsed <= status["timed_s"] + 0.5
 
 
 def test_with_the_default_interval_a_short_config_says_nothing_inside(tmp_path: Path) -> None:
+    """Nothing is said before the default 10 s have passed: a config of a fraction of a second (on a machine slow
+    enough to take 10 s, a report would say so with its window of 10 s or more)."""
     host, configs = setup(tmp_path, write_engine(tmp_path / "engine"))
     assert host.suite["progress_s"] == matrix.DEFAULTS["progress_s"] == 10
     status = run_config(host, configs["tp1-autoregressive"])
-    assert status["status"] == "ok" and status["timed_s"] < 10
+    assert status["status"] == "ok"
     kinds = [e["event"] for e in events(host)]
-    assert Event.CONFIG_READY.value in kinds and Event.CONFIG_PROGRESS.value not in kinds
+    assert Event.CONFIG_READY.value in kinds
+    assert [e for e in progress_events(events(host)) if e["window_s"] < 10] == []
 
 
 # -- followed from the controller -------------------------------------------------------------------------------------

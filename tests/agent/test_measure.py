@@ -4,7 +4,6 @@ burst can fail in that window (connection refused takes a millisecond), and a sa
 it still runs, recording a crashed server's config `ok`."""
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -13,15 +12,14 @@ from agent import measure
 
 
 class Dying:
-    """A server process that is reaped `after_s` seconds after the first question (None: never)."""
+    """A server process that is seen reaped from the question after `alive_for` questions on (None: never)."""
 
-    def __init__(self, after_s: float | None) -> None:
-        self.after_s, self.t0 = after_s, None
+    def __init__(self, alive_for: int | None) -> None:
+        self.alive_for, self.asked = alive_for, 0
 
     def alive(self) -> bool:
-        now = time.monotonic()
-        self.t0 = self.t0 or now
-        return self.after_s is None or now - self.t0 < self.after_s
+        self.asked += 1
+        return self.alive_for is None or self.asked <= self.alive_for
 
 
 def row(error: str | None) -> dict[str, Any]:
@@ -33,25 +31,31 @@ def row(error: str | None) -> dict[str, Any]:
                                    "RemoteDisconnected: Remote end closed connection without response",
                                    "IncompleteRead: IncompleteRead(12 bytes read)",
                                    "BrokenPipeError: [Errno 32] Broken pipe"])
-def test_a_lost_connection_waits_for_the_exit_to_be_seen(error: str) -> None:
-    server = Dying(after_s=0.2)
-    t0 = time.monotonic()
+def test_a_lost_connection_waits_for_the_exit_to_be_seen(error: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Still running at the first two questions, reaped at the third: gone, asked until then and no more (the wait
+    made long enough that only the exit can end it)."""
+    monkeypatch.setattr(measure, "LOST_WAIT_S", 600.0)
+    server = Dying(alive_for=2)
     assert measure.gone(server, [row(None), row(error)])  # type: ignore[arg-type]
-    assert 0.15 < time.monotonic() - t0 < measure.LOST_WAIT_S
+    assert server.asked == 3
 
 
 def test_a_server_still_running_after_a_lost_connection_is_not_gone(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(measure, "LOST_WAIT_S", 0.3)
-    assert not measure.gone(Dying(after_s=None), [row("ConnectionResetError: reset")])  # type: ignore[arg-type]
+    server = Dying(alive_for=None)
+    assert not measure.gone(server, [row("ConnectionResetError: reset")])  # type: ignore[arg-type]
+    assert server.asked >= 2  # it waited, asking again, before it said so
 
 
 @pytest.mark.parametrize("rows", [[row(None)], [row("HTTP 500: boom")], [row("malformed stream chunk: b'x'")],
                                   [row("TimeoutError: timed out")]])
 def test_other_errors_do_not_wait(rows: list[dict[str, Any]]) -> None:
-    t0 = time.monotonic()
-    assert not measure.gone(Dying(after_s=0.2), rows)  # type: ignore[arg-type]
-    assert time.monotonic() - t0 < 0.1
+    server = Dying(alive_for=1)
+    assert not measure.gone(server, rows)  # type: ignore[arg-type]
+    assert server.asked == 1  # asked once: no waiting for an exit
 
 
 def test_an_exited_server_is_gone_at_once() -> None:
-    assert measure.gone(Dying(after_s=0.0), [row(None)])  # type: ignore[arg-type]
+    server = Dying(alive_for=0)
+    assert measure.gone(server, [row(None)])  # type: ignore[arg-type]
+    assert server.asked == 1

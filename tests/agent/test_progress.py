@@ -206,18 +206,48 @@ def test_refused_starts_are_read_as_whom_to_follow(host: Path) -> None:
     assert out["attached"] == {"inv-2": "inv-0"}
 
 
+class Frozen:
+    """A clock for `progress.wait` that never moves: its deadline cannot pass, so only news can end the wait. It
+    counts the readings (one at the start, then one a round: after the round's look at the file)."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        return 0.0
+
+    def rounds(self, n: int, thread: threading.Thread) -> None:
+        """Until `n` more rounds have begun from now (the wait has looked at the file since), or the wait ended."""
+        until, end = self.reads + n, time.monotonic() + 30
+        while self.reads < until and thread.is_alive():
+            assert time.monotonic() < end, "the wait stopped polling"
+            time.sleep(0.01)
+
+
+def waiting(*args: Any, **kw: Any) -> tuple[threading.Thread, list[dict[str, Any]]]:
+    """`progress.wait(*args, **kw)` in a thread of its own; its answer goes in the list."""
+    out: list[dict[str, Any]] = []
+    thread = threading.Thread(target=lambda: out.append(progress.wait(*args, **kw)), daemon=True)
+    thread.start()
+    return thread, out
+
+
 def test_a_waiting_poll_answers_once_a_whole_line_arrives(host: Path) -> None:
-    """`--wait`: a partial line keeps it waiting; the line's end wakes it, long before its deadline."""
+    """`--wait`: a partial line keeps it waiting; the line's end wakes it (its deadline cannot: the clock is frozen)."""
     events, state = host / "events.jsonl", host / "agent.json"
     write_json(state, {"pid": os.getpid(), "state": "running"})
     append(events, b"old\n")
-    writer = threading.Timer(0.3, append, (events, b"par"))
-    ender = threading.Timer(0.8, append, (events, b"tial\n"))
-    writer.start(), ender.start()
-    t0 = time.monotonic()
-    out = progress.wait(events, 4, state, wait_s=20, every_s=0.05)
-    assert out["lines"] == "partial\n" and out["offset"] == 12
-    assert 0.7 < time.monotonic() - t0 < 10
+    clock = Frozen()
+    thread, out = waiting(events, 4, state, wait_s=20, every_s=0.01, clock=clock)
+    clock.rounds(2, thread)
+    append(events, b"par")
+    clock.rounds(2, thread)  # it has seen the partial line
+    assert thread.is_alive() and out == [], out
+    append(events, b"tial\n")
+    thread.join(30)  # a hang detector: the line's end wakes it within a round
+    assert not thread.is_alive(), "the wait did not answer the whole line"
+    assert out[0]["lines"] == "partial\n" and out[0]["offset"] == 12
 
 
 def test_a_waiting_poll_without_news_answers_at_its_deadline(host: Path) -> None:
@@ -228,10 +258,12 @@ def test_a_waiting_poll_without_news_answers_at_its_deadline(host: Path) -> None
 
 
 def test_a_waiting_poll_answers_at_once_when_the_agent_is_gone(host: Path) -> None:
+    """Its agent's process is gone: it answers without news (its deadline cannot end it: the clock is frozen)."""
     write_json(host / "agent.json", {"pid": dead_pid(), "state": "running"})
-    t0 = time.monotonic()
-    out = progress.wait(host / "events.jsonl", 0, host / "agent.json", wait_s=60)
-    assert out["alive"] is False and time.monotonic() - t0 < 10
+    thread, out = waiting(host / "events.jsonl", 0, host / "agent.json", wait_s=60, clock=Frozen())
+    thread.join(30)  # a hang detector: it answers on its first look
+    assert not thread.is_alive(), "the wait did not see its agent gone"
+    assert out[0]["alive"] is False and out[0]["lines"] == ""
 
 
 def test_the_wait_option_on_the_command_line(host: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -38,17 +38,25 @@ def rows_of(host: Path, cid: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (host / cid / "requests.jsonl").read_text().splitlines()]
 
 
-def engine_group(marker: str, needle: str) -> int | None:
-    """The process group of the engine process whose command line holds `needle` (under this test)."""
+def engine(marker: str, needle: str) -> tuple[int, list[str]] | None:
+    """(the process group, the command line) of the engine process whose command line holds `needle` (under this
+    test)."""
     for proc in Path("/proc").glob("[0-9]*"):
         try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
             env = (proc / "environ").read_bytes()
+            cmd = " ".join(argv)
+            if needle in cmd and "api_server" in cmd and marker.encode() in env:
+                return os.getpgid(int(proc.name)), argv
         except OSError:
             continue
-        if needle in cmd and "api_server" in cmd and marker.encode() in env:
-            return os.getpgid(int(proc.name))
     return None
+
+
+def engine_group(marker: str, needle: str) -> int | None:
+    """The process group of the engine process whose command line holds `needle` (under this test)."""
+    found = engine(marker, needle)
+    return found[0] if found else None
 
 
 def no_engine_left(marker: str) -> None:
@@ -67,24 +75,32 @@ def no_partial_files(root: Path) -> None:
 
 
 @pytest.fixture
-def fake_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    holders = tmp_path / "gpu-holders"
+def fake_gpu(bench: Bench, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The stand-in nvidia-smi on PATH; GPU memory held (the 19592 MiB of the captured hold) from when the run
+    `it-faults` records tp1-frozen ready until it records the next config after tp1-gpu-held started: past the
+    frozen config's own start, through gpu-held's release check, released before the next one's. The run's id."""
+    run = "it-faults"
     monkeypatch.setenv("PATH", f"{FAKES}:{os.environ['PATH']}")
     monkeypatch.setenv("NVIDIA_SMI_CAPTURES", str(CAPTURES))
-    monkeypatch.setenv("NVIDIA_SMI_HOLDERS", str(holders))
-    return holders
+    monkeypatch.setenv("NVIDIA_SMI_HOLD_LOG", str(bench.host_run(run) / "events.jsonl"))
+    monkeypatch.setenv("NVIDIA_SMI_HOLD_FROM", '"config_id": "tp1-frozen", "event": "config_ready"')
+    monkeypatch.setenv("NVIDIA_SMI_HOLD_UNTIL", '"config_id": "tp1-startup-exit"')  # its config_start
+    return run
 
 
-def test_http_errors_frozen_server_gpu_held_and_startup_exit_in_one_suite(bench: Bench, fake_gpu: Path) -> None:
-    """Each fault comes from the stand-in engine at a point the test sets (a token count, a startup that lasts
-    until the test kills it), never from a kill timed against an engine's speed."""
-    run = "it-faults"
+def test_http_errors_frozen_server_gpu_held_and_startup_exit_in_one_suite(bench: Bench, fake_gpu: str) -> None:
+    """Each fault comes from the stand-in engine or the stand-in nvidia-smi at a point the test sets (a token
+    count, the agent's own events, a startup that lasts until the test kills it, a server healthy only once the
+    test has looked at it), never from a kill or a check timed against an engine's speed."""
+    run = fake_gpu
+    opened = bench.tmp / "frozen-healthy"
     matrix = reduced_matrix([
         {"method": "autoregressive"},
         {"method": "ngram", "num_speculative_tokens": 2, "id": "http-faults",
          "env": {"STANDIN_HTTP_FAULTS": "http_error=3,malformed=4"}},
         {"method": "ngram", "num_speculative_tokens": 3, "id": "frozen",  # hangs after 2 or more timed requests
-         "env": {"STANDIN_FAULT": "hang", "STANDIN_FAULT_AFTER_TOKENS": str(32 + 4 * 32 + 10)}},
+         "env": {"STANDIN_FAULT": "hang", "STANDIN_FAULT_AFTER_TOKENS": str(32 + 4 * 32 + 10),
+                 "STANDIN_HEALTHY_AFTER": str(opened)}},
         {"method": "ngram", "num_speculative_tokens": 4, "id": "gpu-held"},
         {"method": "ngram", "num_speculative_tokens": 5, "id": "startup-exit", "env": {"STANDIN_STARTUP_S": "600"}},
         {"method": "ngram", "num_speculative_tokens": 6, "id": "after"},
@@ -94,30 +110,24 @@ def test_http_errors_frozen_server_gpu_held_and_startup_exit_in_one_suite(bench:
     extra = {**matrix, **bench.standin(), "run_id": run, "bench_repetitions": 3,
              "bench_timeouts": {"health_s": 400, "request_s": 12, "stop_s": 30, "release_s": 5}}
     marker = str(bench.tmp)
-    holder = None
     proc = bench.start(extra)
     try:
         def ready(cid: str) -> dict[str, Any] | None:
             return next((e for e in bench.events(run) if e["event"] == "config_ready"
                          and e["config_id"] == f"tp1-{cid}"), None)
 
-        def ended(cid: str) -> dict[str, Any] | None:
-            return next((e for e in bench.events(run) if e["event"] == "config_end"
-                         and e["config_id"] == f"tp1-{cid}"), None)
-
+        # the frozen config's server listens, but is not healthy until the test has looked: loopback only, by
+        # default (its own health deadline is 400 s)
+        found = wait_for(lambda: engine(marker, '"num_speculative_tokens":3'), 300, "frozen engine")
+        port = int(found[1][found[1].index("--port") + 1])
+        assert wait_for(lambda: listening(port), 60, "frozen listening") == {"127.0.0.1"}
+        opened.touch()
         # 2. the engine freezes mid-config (after the warmup and two timed requests)
-        frozen = wait_for(lambda: ready("frozen"), 120, "frozen ready")
         log = bench.host_run(run) / "tp1-frozen" / "server.log"
-        wait_for(lambda: log.exists() and "hanging (injected SIGSTOP)" in log.read_text(), 60, "the freeze")
-        assert listening(frozen["port"]) == {"127.0.0.1"}  # loopback only, by default
-        # 9. meanwhile a process keeps GPU memory (past this config's own release check)
-        holder = subprocess.Popen(["sleep", "900"])
-        fake_gpu.write_text(f"{holder.pid}\n")
-        wait_for(lambda: ended("gpu-held"), 300, "gpu-held ended")
-        holder.kill()
-        holder.wait()
+        wait_for(lambda: log.exists() and "hanging (injected SIGSTOP)" in log.read_text(), 120, "the freeze")
+        # 9. from its ready on, the stand-in nvidia-smi says GPU memory is held, until the one after gpu-held starts
         # 4. kill the next engine while it starts up (its startup lasts 600 s)
-        pgid = wait_for(lambda: engine_group(marker, '"num_speculative_tokens":5'), 120, "startup-exit engine")
+        pgid = wait_for(lambda: engine_group(marker, '"num_speculative_tokens":5'), 300, "startup-exit engine")
         assert ready("startup-exit") is None
         os.killpg(pgid, signal.SIGKILL)
         t_kill = time.time()
@@ -125,8 +135,6 @@ def test_http_errors_frozen_server_gpu_held_and_startup_exit_in_one_suite(bench:
     finally:
         if proc.poll() is None:
             proc.kill()
-        if holder and holder.poll() is None:
-            holder.kill()
     assert proc.returncode == 0, out[-4000:]
     host = bench.results / run / "local"
     st = statuses(host)
@@ -150,7 +158,9 @@ def test_http_errors_frozen_server_gpu_held_and_startup_exit_in_one_suite(bench:
     assert (fz["status"], fz["reason"]) == ("failed", "request_timeout"), fz
     assert "deadline of 12 s" in fz["detail"] and "hung" in fz["detail"]
     assert fz["requests"] >= 2 and fz["requests_ok"] >= 2
-    assert fz["stop_s"] < 30  # resumed by the SIGCONT that follows SIGTERM, it shut down by itself
+    # resumed by the SIGCONT that follows SIGTERM, it shut down by itself (a kill at the stop deadline leaves no
+    # such line)
+    assert "[standin] stopped" in (host / "tp1-frozen/server.log").read_text()
 
     # 9. GPU memory still held: the config waited release_s, then failed without starting a server
     gh = st["tp1-gpu-held"]
@@ -158,12 +168,12 @@ def test_http_errors_frozen_server_gpu_held_and_startup_exit_in_one_suite(bench:
     assert "19592" in gh["detail"] and gh["ready_s"] is None
     assert "server not started" in (host / "tp1-gpu-held/server.log").read_text()
 
-    # 4. exit during startup: crashed, detected within 2 s of the exit
+    # 4. exit during startup: crashed (the exit seen, not the health deadline of 400 s)
     se = st["tp1-startup-exit"]
     assert (se["status"], se["reason"]) == ("failed", "crashed"), se
     assert "during startup" in se["detail"]
     detected = datetime.fromisoformat(se["finished_at"]).timestamp() - t_kill
-    assert detected < 2.0, detected
+    assert detected < 60, detected  # a hang detector: the exit ends the wait, the deadline would be 400 s
 
     assert st["tp1-after"]["status"] == "ok"  # the suite went on after four faults
 

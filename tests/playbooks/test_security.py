@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import secrets
+import signal
 from pathlib import Path
 
 import pytest
@@ -28,13 +30,26 @@ def listening(port: int) -> set[str]:
     return out
 
 
-def until_ready(bench: Bench, run: str, proc) -> dict:
-    """The config_ready event of the run; fails at once if the playbook ended first."""
-    def ready():
+def until_serving(bench: Bench, proc) -> tuple[int, list[str]]:
+    """(pid, command line) of the run's engine server once its /health answers 200; fails at once if the playbook
+    ended first."""
+    def serving() -> tuple[int, list[str]] | None:
         if proc.poll() is not None:
             raise AssertionError(f"the playbook ended before a server was ready:\n{proc.stdout.read()[-3000:]}")
-        return next((e for e in bench.events(run) if e["event"] == "config_ready"), None)
-    return wait_for(ready, 400, "server ready")
+        for entry in Path("/proc").glob("[0-9]*"):
+            try:
+                argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+                mine = str(bench.tmp).encode() in (entry / "environ").read_bytes()
+            except OSError:
+                continue
+            if mine and "--port" in argv and any("api_server" in a for a in argv):
+                try:
+                    if status_of(int(argv[argv.index("--port") + 1]), "/health", None, {}) == 200:
+                        return int(entry.name), argv
+                except OSError:
+                    pass  # not listening yet
+        return None
+    return wait_for(serving, 400, "server serving")
 
 
 def status_of(port: int, path: str, body: dict | None, headers: dict[str, str]) -> int:
@@ -77,15 +92,22 @@ def test_exposed_server_requires_the_key_and_no_secret_is_written_anywhere(bench
 
     proc = bench.start(extra, "-v")
     try:
-        ready = until_ready(bench, run, proc)
-        port = ready["port"]
-        assert listening(port) == {"0.0.0.0"}  # bound as the inventory says
-        body = {"model": "tiny-llama", "prompt": "hi", "max_tokens": 2}
-        assert status_of(port, "/v1/completions", body, {}) == 401  # no key: refused
-        assert status_of(port, "/v1/completions", body, {"Authorization": "Bearer wrong-key-000000"}) == 401
-        assert status_of(port, "/v1/completions", body, {"Authorization": f"Bearer {api_key}"}) == 200
-        cmdline = Path(f"/proc/{ready['server_pid']}/cmdline").read_bytes()
-        assert b"--served-model-name" in cmdline and api_key.encode() not in cmdline  # vLLM reads its environment
+        pid, argv = until_serving(bench, proc)
+        # the agent held (SIGSTOP) while its server is checked: it can neither measure nor stop it meanwhile, so
+        # the server is up for every check however slow the machine (the requests it has in flight wait)
+        agent = json.loads((bench.host_run(run) / "agent.json").read_text())["pid"]
+        os.kill(agent, signal.SIGSTOP)
+        try:
+            port = int(argv[argv.index("--port") + 1])
+            assert listening(port) == {"0.0.0.0"}  # bound as the inventory says
+            body = {"model": "tiny-llama", "prompt": "hi", "max_tokens": 2}
+            assert status_of(port, "/v1/completions", body, {}) == 401  # no key: refused
+            assert status_of(port, "/v1/completions", body, {"Authorization": "Bearer wrong-key-000000"}) == 401
+            assert status_of(port, "/v1/completions", body, {"Authorization": f"Bearer {api_key}"}) == 200
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            assert b"--served-model-name" in cmdline and api_key.encode() not in cmdline  # it reads its environment
+        finally:
+            os.kill(agent, signal.SIGCONT)
         out, _ = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:

@@ -30,6 +30,10 @@ config.json fails as a missing local model does.
 
 Knobs, from the environment (a config's `env` reaches it) or, for the GPU ones, also as options before `-m`:
     STANDIN_STARTUP_S      seconds of "loading" before it listens (default 0.1)
+    STANDIN_STARTUP_UNTIL  the startup lasts at least until this file exists (and, with STANDIN_STARTUP_UNTIL_TEXT,
+                           holds that text; at most 120 s, then `[standin] startup: gave up`): a server that comes up,
+                           or fails at its startup's end, only after something else happened
+    STANDIN_LAUNCH_MARK    a file created as soon as the server is launched, before its startup
     STANDIN_HEALTHY=0      never healthy: the health paths answer 503 for ever
     STANDIN_STARTUP_EXIT   exit with this status at the end of the startup, STANDIN_STARTUP_EXIT_AFTER_S later,
                            after STANDIN_STARTUP_MESSAGE; with STANDIN_STARTUP_EXIT_IF=plain only a server without
@@ -54,6 +58,9 @@ Knobs, from the environment (a config's `env` reaches it) or, for the GPU ones, 
     STANDIN_MEET=DIR:N     a rendezvous across servers: the first generation request after the warmup is held until
                            N servers sharing DIR have each received theirs (a file per server in DIR; at most 120 s,
                            then `[standin] meet: gave up`), so that their timed windows overlap by construction
+    STANDIN_TOGETHER=N     the generation requests after the warmup, taken N at a time in the order they arrive,
+                           are each held until all N of theirs have arrived (at most 60 s, then HTTP 500 `together:
+                           gave up`): requests in flight at once by construction, or a failure
     STANDIN_WARM_MARK      a file created once the warmup (the first generation request) has been answered
     STANDIN_HEALTHY_AFTER  the health paths answer 503 until this file exists (a server that comes up after another
                            one's warmup, by construction)
@@ -302,6 +309,21 @@ def meet(spec: str) -> None:
     print(f"[standin] meet: {n} servers arrived at {time.time()}", flush=True)
 
 
+def wait_for_file(path: str, text: str = "", seconds: float = 120.0) -> bool:
+    """Whether `path` exists (holding `text`) within `seconds`, polled."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with open(path, errors="replace") as f:
+                if text in f.read():
+                    return True
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+
+
 class Faults:
     """The process-wide fault knobs and counters."""
 
@@ -313,16 +335,34 @@ class Faults:
         self.tokens = 0
         self.requests = 0
         self.lock = threading.Lock()
+        self.together = int(env_float("STANDIN_TOGETHER", 0))
+        self.arrived = threading.Condition()
+        self.groups: Dict[int, int] = {}  # STANDIN_TOGETHER: requests arrived per group
 
     def next_request(self) -> Tuple[int, Optional[str]]:
         """The number of the generation request now starting (the warmup is 1), and its HTTP fault, if any. The
-        second one waits for the rendezvous (STANDIN_MEET) first."""
+        second one waits for the rendezvous (STANDIN_MEET) first; each after the warmup waits for the rest of its
+        group (STANDIN_TOGETHER)."""
         with self.lock:
             self.requests += 1
             n = self.requests
         if n == 2 and os.environ.get("STANDIN_MEET"):
             meet(os.environ["STANDIN_MEET"])
+        if n > 1 and self.together > 0 and not self.all_together(n, (n - 2) // self.together):
+            return n, "together"
         return n, None if n == 1 else self.http_fault(n)
+
+    def all_together(self, n: int, group: int) -> bool:
+        """STANDIN_TOGETHER: request `n` arrived in `group`; whether all of the group did within 60 s."""
+        with self.arrived:
+            self.groups[group] = self.groups.get(group, 0) + 1
+            self.arrived.notify_all()
+            if self.groups[group] < self.together:
+                print(f"[standin] together: request {n} waits for group {group}", flush=True)
+            if self.arrived.wait_for(lambda: self.groups[group] >= self.together, 60.0):
+                return True
+        print(f"[standin] together: gave up waiting for {self.together} requests of group {group}", flush=True)
+        return False
 
     def http_fault(self, n: int) -> Optional[str]:
         for kind in ("http_error", "malformed", "alter_usage"):
@@ -477,6 +517,8 @@ def handler(e: Engine) -> type:
             n, fault = e.faults.next_request()
             if fault == "http_error":
                 return self.reply(500, {"error": {"message": "injected fault: internal server error", "code": 500}})
+            if fault == "together":
+                return self.reply(500, {"error": {"message": "together: gave up", "code": 500}})
             if d is VLLM:
                 self.stream_vllm(body, fault)
             else:
@@ -589,7 +631,10 @@ REPORT: Dict[str, Any] = {}
 
 
 def launched() -> None:
-    """The knobs that act as soon as a server is launched, before it says anything: the helpers, the flood."""
+    """The knobs that act as soon as a server is launched, before it says anything: its mark, the helpers, the
+    flood."""
+    if os.environ.get("STANDIN_LAUNCH_MARK"):
+        open(os.environ["STANDIN_LAUNCH_MARK"], "a").close()
     if os.environ.get("STANDIN_HELPER") == "1":
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)  # escaped-helper"],
                          start_new_session=True)
@@ -615,7 +660,11 @@ def sglang_log(message: str) -> None:
 def startup(e: Engine) -> None:
     """The knobs of the startup itself: its length, and an exit at its end (only a server without speculation
     exits when STANDIN_STARTUP_EXIT_IF=plain). SGLang's dialect spends it in SGLang's startup phases and logs
-    their ends with SGLang's own messages (agent/startup.py reads them; the source test checks the marks)."""
+    their ends with SGLang's own messages (agent/startup.py reads them; the source test checks the marks). It waits
+    for STANDIN_STARTUP_UNTIL first."""
+    until = os.environ.get("STANDIN_STARTUP_UNTIL")
+    if until and not wait_for_file(until, os.environ.get("STANDIN_STARTUP_UNTIL_TEXT", "")):
+        print(f"[standin] startup: gave up waiting for {until}", flush=True)
     total = env_float("STANDIN_STARTUP_S", 0.1)
     if e.d is SGLANG:
         sglang_log("Load weight begin. avail mem=139.50 GB")

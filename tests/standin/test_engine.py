@@ -8,9 +8,10 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -183,15 +184,72 @@ def test_a_fault_after_n_tokens_ends_the_server_in_that_stream(served: Any, acti
         assert classify(s.log.read_text(), Reason.CRASHED) == Reason.CRASHED
 
 
+def in_thread(call: Callable[[], Any]) -> Tuple[threading.Thread, List[Any]]:
+    """`call()` in a thread of its own; its answer, or the exception it raised, goes in the list."""
+    out: List[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(call())
+        except Exception as exc:  # noqa: BLE001  (the test looks at it)
+            out.append(exc)
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def until(cond: Callable[[], bool], what: str, seconds: float = 30.0) -> None:
+    end = time.monotonic() + seconds
+    while not cond():
+        assert time.monotonic() < end, f"{what}: not within {seconds:g} s"
+        time.sleep(0.01)
+
+
 def test_hang_stops_the_whole_process_until_sigcont(served: Any) -> None:
     s = served("vllm", STANDIN_FAULT="hang", STANDIN_FAULT_AFTER_TOKENS="3")
-    with pytest.raises(OSError):  # TimeoutError: the stream stops after its third token
-        s.generate(10)
-    state = Path(f"/proc/{s.proc.pid}/stat").read_text().split(")")[1].split()[0]
-    assert state == "T"
+    stat = Path(f"/proc/{s.proc.pid}/stat")
+    thread, out = in_thread(lambda: s.generate(10))
+    until(lambda: stat.read_text().split(")")[1].split()[0] == "T", "the process stopped")
+    assert thread.is_alive() and out == []  # the stream is held: it has not ended
     s.proc.send_signal(15)
     s.proc.send_signal(18)  # SIGTERM, then SIGCONT: it shuts down
-    assert s.proc.wait(timeout=10) == 0
+    assert s.proc.wait(timeout=30) == 0
+    thread.join(30)  # resumed, the stream ends (whole, or cut by the exit)
+    assert not thread.is_alive()
+
+
+def test_together_holds_each_request_until_its_group_has_arrived(served: Any) -> None:
+    """STANDIN_TOGETHER=2: after the warmup, a request waits for the next one, and both are answered."""
+    s = served("vllm", STANDIN_TOGETHER="2")
+    assert s.generate(3)[0] == 200  # the warmup is never held
+    first, got = in_thread(lambda: s.generate(3))
+    until(lambda: "[standin] together: request 2 waits" in s.log.read_text(), "the second request held")
+    assert first.is_alive() and got == []  # held: its group is not complete
+    assert s.generate(3)[0] == 200
+    first.join(30)
+    assert got and got[0][0] == 200
+
+
+def test_launch_mark_and_a_startup_that_waits_for_a_file(tmp_path: Path) -> None:
+    """STANDIN_LAUNCH_MARK is there as soon as the server is launched; with STANDIN_STARTUP_UNTIL (and its text)
+    the startup, and the exit at its end, wait for that file to hold that text."""
+    mark, until_file = tmp_path / "launched", tmp_path / "until"
+    (tmp_path / "config.json").write_text("{}")
+    proc = subprocess.Popen([sys.executable, str(ENGINE), "-m", MODULES["vllm"], "--model", str(tmp_path),
+                             "--port", str(free_port())], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env={**os.environ, "STANDIN_LAUNCH_MARK": str(mark), "STANDIN_STARTUP_S": "0",
+                                 "STANDIN_STARTUP_UNTIL": str(until_file), "STANDIN_STARTUP_UNTIL_TEXT": "go",
+                                 "STANDIN_STARTUP_EXIT": "7"})
+    try:
+        until(mark.exists, "the launch mark")
+        until_file.write_text("not yet")
+        assert proc.poll() is None  # still starting: the file does not say "go"
+        until_file.write_text("go")
+        assert proc.wait(timeout=30) == 7
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
 
 
 def test_http_faults_hit_the_requests_they_name(served: Any) -> None:
