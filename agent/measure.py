@@ -186,6 +186,10 @@ class Pace:
         self.start = self.last = clock()
         self.done = self.tokens = 0
 
+    def begin(self) -> None:
+        """The timed requests start now: the first window counts from here (not from the scans before them)."""
+        self.start = self.last = self.clock()
+
     def burst(self, rows: List[Mapping[str, Any]]) -> None:
         self.done += len(rows)
         self.tokens += sum(r.get("completion_tokens") or 0 for r in rows if r["ok"])
@@ -234,6 +238,7 @@ def _timed(cfg: Mapping[str, Any], identity: Mapping[str, Any], server: Server, 
     load0 = hostload.sample(server.owns)
     origin: Optional[float] = None
     start = time.monotonic()
+    pace.begin()
     for rep, i in order(cfg["cells"], seed):
         cell = cfg["cells"][i]
         prompt = built[(cell["workload"], cell["context_tokens"])]

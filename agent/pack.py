@@ -276,24 +276,25 @@ class Busy:
         """Without waiting: whether the gate has already ended unproven (for a server still starting)."""
         return config_id != self.gate and self.opened.is_set() and not self.proven
 
-    @contextmanager
-    def running(self, config_id: str, check: bool = False) -> Iterator[None]:
+    def enter(self, config_id: str, check: bool = False) -> None:
+        """`config_id` is taken by a slot: up from now on (its server about to start), until `leave`. Called in the
+        same critical section as the slot takes it from the queue, so that a config started after a pack check
+        always sees the check up."""
         with self.cond:
             self.up.add(config_id)
             if check:
                 self.checks.add(config_id)
-        try:
-            yield
-        finally:
-            with self.cond:
-                self.up.discard(config_id)
-                self.checks.discard(config_id)
-                self.ready.discard(config_id)
-                self.timing.discard(config_id)
-                self.cond.notify_all()
-            if config_id == self.gate:
-                self.launched.set()
-                self.opened.set()
+
+    def leave(self, config_id: str) -> None:
+        with self.cond:
+            self.up.discard(config_id)
+            self.checks.discard(config_id)
+            self.ready.discard(config_id)
+            self.timing.discard(config_id)
+            self.cond.notify_all()
+        if config_id == self.gate:
+            self.launched.set()
+            self.opened.set()
 
     def _may_start(self, config_id: str) -> bool:
         others = self.up - {config_id}

@@ -212,17 +212,19 @@ class Suite:
             if slot is not pool[0]:
                 busy.launched.wait()
             while not errors:
-                with self.lock:
-                    if not queue:
+                with self.lock:  # taken and up in one step: the pack check (first in the queue) is up before any
+                    if not queue:  # config after it can look for it
                         return
                     cfg = queue.popleft()
+                    busy.enter(cfg["config_id"], check=bool(cfg.get("pack_check_of")))
                 try:
-                    with busy.running(cfg["config_id"], check=bool(cfg.get("pack_check_of"))):
-                        self.run_config(cfg, slot, len(pool), spans)
+                    self.run_config(cfg, slot, len(pool), spans)
                 except BaseException as exc:  # raised again once every slot has stopped
                     errors.append(exc)
                     busy.launched.set()
                     busy.opened.set()
+                finally:
+                    busy.leave(cfg["config_id"])
 
         threads = [threading.Thread(target=worker, args=(slot,), name=f"slot-{slot.index}") for slot in pool]
         for t in threads:

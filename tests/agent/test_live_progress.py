@@ -53,6 +53,17 @@ def test_the_window_s_tokens_over_its_seconds_and_the_eta_from_the_mean_so_far()
          "window_s": 4.0, "eta_s": 0.0}]
 
 
+def test_the_first_window_counts_from_the_timed_requests_start() -> None:
+    """Made before the scans and counter reads that precede the timed requests (5 s here), the pace counts its
+    first window and the ETA from `begin`, when the requests start."""
+    got, sink = told()
+    pace = Pace(sink, "tp1-x", 2, 1.0, clock(100.0, 105.0, 107.0))
+    pace.begin()
+    pace.burst([{"ok": True, "completion_tokens": 10}])
+    assert got == [{"event": "config_progress", "config_id": "tp1-x", "done": 1, "total": 2, "tok_s": 5.0,
+                    "window_s": 2.0, "eta_s": 2.0}]
+
+
 def test_nothing_is_said_before_the_interval_nor_without_a_sink() -> None:
     got, sink = told()
     pace = Pace(sink, "tp1-x", 4, 10.0, clock(0.0, 3.0, 6.0, 9.0, 9.99))

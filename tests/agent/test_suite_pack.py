@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Set, Tuple
 
 import pytest
 
@@ -221,3 +222,32 @@ def test_a_baseline_that_fails_after_the_others_are_up_stops_them_before_any_req
         if cid != up[0]:
             assert (status[cid]["status"], status[cid]["reason"]) == ("skipped", "baseline_failed")
             assert (root / HOST / cid / "server.log").read_text().startswith("[specfleet] server not started")
+
+
+def test_a_config_taken_after_the_pack_check_always_finds_it_up(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check is first in the queue and a slot takes it and marks it up in one step: whichever slot thread runs
+    first, every config started beside it finds it among the checks up (else it would start its timed requests
+    without waiting for the check, and the check could measure alone). The configs' own runs are replaced by a
+    record of what each saw; the check's holds until another config has started."""
+    plan = packed_plan(write_engine(tmp_path / "engine"), pack_check=True)
+    other_started = threading.Event()
+    seen: List[Tuple[str, Set[str]]] = []
+
+    def run_config(self: Suite, cfg: Dict[str, Any], slot: Any, share: int, spans: Any = None) -> Dict[str, Any]:
+        busy = self.host.busy
+        if busy is None:  # the baseline, alone before the others
+            return {"status": "ok"}
+        with busy.cond:
+            seen.append((cfg["config_id"], set(busy.checks)))
+        if cfg.get("pack_check_of"):
+            assert other_started.wait(30), "no config started beside the pack check"
+        else:
+            other_started.set()
+        return {"status": "ok"}
+
+    monkeypatch.setattr(Suite, "run_config", run_config)
+    assert Suite(plan, tmp_path / "results" / RUN_ID, invocation="inv").run() == 0
+    first_two = seen[:2]  # started together, in either order
+    assert {cid for cid, _ in first_two} >= {"tp1-autoregressive-packed"}, seen
+    assert all(checks == {"tp1-autoregressive-packed"} for _, checks in first_two), seen
