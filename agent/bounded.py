@@ -14,7 +14,7 @@ import errno
 import os
 import stat
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import BinaryIO, Iterator, Optional
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -53,8 +53,8 @@ EVENTS_PIECE = 16 * MiB
 ANSIBLE_FILE = Bound("an Ansible extra-vars, inventory or vars file", 64 * MiB)
 BOUNDS = (WORKLOADS_FILE, RECORD, REQUESTS, HELP_CACHE, EVENTS, ANSIBLE_FILE)
 
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
 _FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -80,10 +80,38 @@ def _error(path: str | os.PathLike[str], why: str, bound: Bound) -> BoundError:
                       os.fspath(path))
 
 
+def of_mode(mode: int) -> Optional[str]:
+    """What a file of this mode is, in words (`a FIFO`); None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((name for test, name in _KINDS if test(mode)), "a special file")
+
+
+def kind(path: str | os.PathLike[str], follow: bool = True) -> Optional[str]:
+    """What `path` is when it is not a regular file (`follow` false: a symbolic link is judged as itself), by its
+    status alone: nothing is opened. OSError (no such file) as `os.stat` raises it."""
+    return of_mode((os.stat(path) if follow else os.lstat(path)).st_mode)
+
+
+def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
+    """`path` open for reading once it is a regular file, whatever its size (for files read in part, or by pages:
+    a log's tail, the history store, an archive): judged by its status, opened without blocking (a FIFO put there
+    meanwhile does not hold the open), judged again by what was opened; BoundError otherwise."""
+    why = kind(path)
+    if why is None:
+        fd = os.open(path, _FLAGS)
+        why = of_mode(os.fstat(fd).st_mode)
+        if why is None:
+            os.set_blocking(fd, True)
+            return os.fdopen(fd, "rb")
+        os.close(fd)
+    raise BoundError(errno.EINVAL, f"{why}, not a regular file", os.fspath(path))
+
+
 def _judge(path: str | os.PathLike[str], st: os.stat_result, bound: Bound) -> None:
-    if not stat.S_ISREG(st.st_mode):
-        kind = next((name for test, name in _KINDS if test(st.st_mode)), "a special file")
-        raise _error(path, f"{kind}, not a regular file", bound)
+    why = of_mode(st.st_mode)
+    if why is not None:
+        raise _error(path, f"{why}, not a regular file", bound)
     if st.st_size > bound.limit:
         raise _error(path, f"{st.st_size} bytes, larger than {size_text(bound.limit)}", bound)
 

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
+from . import bounded
 from .records import Event
 
 # TOKENIZERS_PARALLELISM and friends name no secret
@@ -71,8 +72,10 @@ def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
 
 
 def read_json(path: Path) -> Any | None:
+    """A JSON record (None when missing or damaged); one that is not a regular file within bounded.RECORD raises
+    bounded.BoundError before it is read (a FIFO is never waited on, a device never read without end)."""
     try:
-        return json.loads(path.read_text())
+        return json.loads(bounded.read_text(path, bounded.RECORD))
     except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
         return None
 

@@ -5,7 +5,8 @@ folder), `finish` (run.json closed, the history store updated, the report writte
 
 Every subcommand's exit status means one thing (`main` maps what a subcommand raises; docs/results.md lists them):
 0 done; 1 the verdict: the run's statuses fail --fail-on (`finish`, `verdict`) or a cell regressed (`compare`);
-2 refused before anything changed: bad usage or input, or a path that holds what specfleet did not make;
+2 refused before anything changed: bad usage or input, a path that holds what specfleet did not make, or a file it
+was pointed at that is not a regular file within its limit (agent.bounded: a FIFO, a device, a folder);
 3 the system refused an operation (a full disk, a permission, an I/O error, a module not installed): said in one
 line with the path, the reason and what to do, nothing half-written left; 4 an unexpected error, a fault in
 specfleet (its traceback, then one line); 5 `pull`: the pull playbook failed on a host (its failed tasks above)."""
@@ -23,13 +24,14 @@ import tarfile
 import traceback
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
+from agent.bounded import BoundError, open_regular
 from agent.records import SCHEMA_VERSION
 from agent.store import now_iso, read_json, write_json
 
 from . import HTML_FILE, PACK_FILE, PLOTS_DIR, VS_FILE
-from .outputs.own import Foreign, check_report, check_run_json, host_folder_made, refusal
+from .outputs.own import Foreign, archive_made, check_report, check_run_json, host_folder_made, refusal
 from .verdict import FAIL_ON
 
 DONE, VERDICT, REFUSED, SYSTEM, FAULT, PULL_FAILED = 0, 1, 2, 3, 4, 5
@@ -106,27 +108,47 @@ def _stamp(root: Path, event: str, suite: str | None, hosts: list[str]) -> None:
 def unpack(args: argparse.Namespace) -> int:
     """Put one host's results in place all at once: extract beside the run's host folder, then swap it in,
     so an interrupted pull never leaves a half-extracted folder that looks complete. Only what specfleet made is
-    replaced or removed: the host folder (the agent's events.jsonl or host.json in it) and unpack's own staging
-    folder (its mark in it, or empty); anything else there is refused and left as it is."""
-    root, host = Path(args.run_dir), args.host
+    replaced or removed: the host folder (the agent's events.jsonl or host.json in it), unpack's own staging
+    folder (its mark in it, or empty) and, with --remove-archive, the archive it has just put in place; anything
+    else there is refused and left as it is. --before-fetch: only free the archive's place for the pull's fetch
+    (an earlier pull's archive of the host removed, anything else there refused)."""
+    root, host, archive = Path(args.run_dir), args.host, Path(args.archive)
+    if args.before_fetch:
+        return _free(archive, host)
     new, dest = root / f".{host}.unpack", root / host
     old = root / f".{host}.old"  # where an earlier specfleet kept the replaced folder while swapping
-    for path, made in ((new, _staging_made), (old, host_folder_made), (dest, host_folder_made)):
-        if os.path.lexists(path) and not made(path):
-            raise refusal(path, "it holds no results of a host (no events.jsonl or host.json)" if path.is_dir()
-                          else "a file", "a host folder" if path != new else "an unpack folder")
-    _clear(new)
-    shutil.rmtree(old, ignore_errors=True)
-    new.mkdir(parents=True)
-    (new / UNPACKING).touch()
-    try:
-        if not _extract(Path(args.archive), new, host):
-            return REFUSED
-        if dest.exists():
-            os.rename(dest, new / REPLACED)
-        os.rename(new / host, dest)
-    finally:
-        _clear(new)  # nothing half-extracted stays behind
+    with open_regular(archive) as packed:  # a FIFO or a device there is refused before anything changes
+        for path, made in ((new, _staging_made), (old, host_folder_made), (dest, host_folder_made)):
+            if os.path.lexists(path) and not made(path):
+                raise refusal(path, "it holds no results of a host (no events.jsonl or host.json)" if path.is_dir()
+                              else "a file", "a host folder" if path != new else "an unpack folder")
+        _clear(new)
+        shutil.rmtree(old, ignore_errors=True)
+        new.mkdir(parents=True)
+        (new / UNPACKING).touch()
+        try:
+            if not _extract(archive, packed, new, host):
+                return REFUSED
+            if dest.exists():
+                os.rename(dest, new / REPLACED)
+            os.rename(new / host, dest)
+        finally:
+            _clear(new)  # nothing half-extracted stays behind
+    if args.remove_archive:
+        archive.unlink()  # its results are in place: the copy would double the space the run takes
+    return DONE
+
+
+def _free(archive: Path, host: str) -> int:
+    """The place the pull fetches `host`'s archive to, made free: an earlier pull's archive there (one that a pull
+    cut short or an earlier specfleet left) removed and said on stdout; anything else refused (Foreign)."""
+    if not os.path.lexists(archive):
+        return DONE
+    why = archive_made(archive, host)
+    if why:
+        raise refusal(archive, why, f"an archive of {host}'s results")
+    archive.unlink()
+    print(f"removed an earlier pull's archive of {host}: {archive}")
     return DONE
 
 
@@ -153,10 +175,11 @@ def _clear(folder: Path) -> None:
         folder.rmdir()
 
 
-def _extract(archive: Path, into: Path, host: str) -> bool:
-    """The archive extracted into `into`; False once it is said that it is not a host's results archive."""
+def _extract(archive: Path, packed: BinaryIO, into: Path, host: str) -> bool:
+    """The archive (`packed`, open) extracted into `into`; False once it is said that it is not a host's results
+    archive."""
     try:
-        with tarfile.open(archive) as tar:
+        with tarfile.open(fileobj=packed) as tar:
             tar.extractall(into, filter="data")
     except (tarfile.TarError, EOFError, zlib.error) as exc:
         print(f"{archive}: not a readable results archive ({exc}): fetch it again (run the same command again)",
@@ -252,7 +275,7 @@ def history(args: argparse.Namespace) -> int:
     from .store import DB_FILE, Busy, Unusable, connect
 
     path = Path(args.db) if args.db else Path(args.results) / DB_FILE
-    if not path.is_file():
+    if not os.path.lexists(path):
         print(f"no history store at {path}: build it with `specfleet db`", file=sys.stderr)
         return 2
     try:
@@ -492,6 +515,10 @@ def run(args: argparse.Namespace) -> int:
     except Foreign as exc:
         print(exc, file=sys.stderr)
         return REFUSED
+    except BoundError as exc:  # a file it was pointed at that is no file, or past its limit: named, left as it is
+        print(f"specfleet {args.cmd}: {OPERATIONS.get(args.cmd, args.cmd)} refused: {exc}; left as it is: move "
+              "it away, then run the same command again", file=sys.stderr)
+        return REFUSED
     except SystemExit as exc:  # a subcommand's own refusal with its message
         if isinstance(exc.code, str):
             print(exc.code, file=sys.stderr)
@@ -561,6 +588,10 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("run_dir", metavar="RUN_DIR", help="the run's folder, results/<run_id>")
     k.add_argument("host", help="the host the archive came from")
     k.add_argument("archive", help="the host's tar archive of its results")
+    k.add_argument("--remove-archive", action="store_true", help="remove the archive once its results are in place "
+                   "(the pull's fetched copy)")
+    k.add_argument("--before-fetch", action="store_true", help="only free the archive's place for a fetch: an "
+                   "earlier pull's archive of the host there is removed, anything else refused")
     k.set_defaults(func=unpack)
     f = sub.add_parser("finish", help="close the session in run.json, write the report and judge the run (the "
                        "playbooks call it)", description="Close the session in run.json, write every report file, "

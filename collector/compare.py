@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -320,30 +321,33 @@ def _run_id(run: Run) -> str:
     return str(run.meta.get("run_id") or run.root.name)
 
 
+RUN_FOLDER = "name a run's folder, results/<run_id> (a run whose hosts' results are not here yet: `specfleet pull`)"
+
+
 def _load(path: str) -> Optional[Run]:
-    """The run in `path`, or None (said on stderr) when there is no such folder, it cannot be read, or it holds
-    no config."""
+    """The run in `path`, or None once it is said, in one line with what to do, that the folder is not a run's
+    (none there, not a folder, or no config results in it). An OSError of reading it (a permission, an I/O error)
+    is raised: the command line says it as the system's refusal."""
     root = Path(path)
     if not root.is_dir():
-        print(f"no such run folder: {root}", file=sys.stderr)
+        print(f"{'no such run folder' if not os.path.lexists(root) else 'not a run folder'}: {root}; {RUN_FOLDER}",
+              file=sys.stderr)
         return None
-    try:
-        run = load_run(root)
-    except OSError as exc:
-        print(f"{root}: unreadable ({exc.strerror or exc})", file=sys.stderr)
-        return None
+    run = load_run(root)
     for p in run.problems:
         print(f"warning: {p}", file=sys.stderr)
     if not run.configs:
-        print(f"{root}: no config results in this run folder", file=sys.stderr)
+        print(f"{root}: no config results in this run folder; {RUN_FOLDER}", file=sys.stderr)
         return None
     return run
 
 
 def main(args: argparse.Namespace) -> int:
     """Print the comparison of args.run_b against args.run_a; 1 when a cell regressed or a config ok in A failed
-    in B, 2 when a run folder is missing, unreadable or empty, else 0."""
-    a, b = _load(args.run_a), _load(args.run_b)
+    in B, 2 when a folder named is not a run's (said of the first such), else 0; a folder the system refuses to
+    read raises its OSError (exit 3)."""
+    a = _load(args.run_a)
+    b = _load(args.run_b) if a is not None else None
     if a is None or b is None:
         return 2
     result = compare(a, b, args.threshold)

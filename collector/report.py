@@ -10,6 +10,7 @@ from agent.store import write_atomic
 from . import PLOTS_DIR
 from .load import Run
 from .outputs import OUTPUTS, Context, by_name
+from .outputs.own import check_report
 from .tables import table
 
 
@@ -29,7 +30,9 @@ def render(run: Run, fmt: str, wide: bool = False, folder: Optional[Path] = None
 def write(root: Path, run: Run, plots: bool = True, history: Optional[list[dict[str, Any]]] = None) -> dict[str, str]:
     """Write every output into the run folder, in the registry's order (the plots before the page that embeds them;
     `plots` false: none, and an earlier report's removed; `history`: as for `render`); the text of each output
-    with a format, by format."""
+    with a format, by format. A report file or plot in the folder that specfleet did not write is refused
+    (own.Foreign) before anything is written."""
+    check_report(root)
     context = Context(run, table(run), root, draw=plots, history=history or [])
     texts: dict[str, str] = {}
     for output in OUTPUTS:

@@ -12,7 +12,9 @@ tables are `SCHEMA`; when they change, the next update rebuilds the store.
 
 specfleet writes only to a store it made: one whose `meta` table holds its schema digest (a new store is made with
 it, under a temporary name, then linked into place). Any other file at the store's path (not a database, damaged,
-or a DuckDB database without the marker) is refused, named, and never written to, `--rebuild` included."""
+or a DuckDB database without the marker) is refused, named, and never written to, `--rebuild` included; so is
+anything there, or at the write-ahead log's path beside it, that is not a regular file (judged before DuckDB opens
+it, which would wait forever on a FIFO)."""
 from __future__ import annotations
 
 import contextlib
@@ -29,6 +31,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
+
+from agent.bounded import kind
 
 from .environment import host_environment
 from .load import NUMBERS, PARALLEL_BYTES, ROW_KEYS, Run, load_run
@@ -362,6 +366,19 @@ def _open(db: Path, read_only: bool, deadline: float, wait_s: float) -> Any:
             time.sleep(0.2)  # polling the lock until the deadline: DuckDB offers no wait on it
 
 
+def _kinds(db: Path) -> None:
+    """Unusable unless the store and the write-ahead log DuckDB keeps beside it (when there is one) are regular files,
+    judged by their status alone: DuckDB would wait forever on a FIFO at either, or read a device without end."""
+    why = kind(db, follow=False)
+    if why:
+        raise _refusal(db, why)
+    wal = db.with_name(db.name + ".wal")
+    why = kind(wal, follow=False) if os.path.lexists(wal) else None
+    if why:
+        raise Unusable(f"{wal}: {why}, not the write-ahead log DuckDB keeps beside the history store {db}; left as "
+                       "it is: move it away (or pass another --db), then run the same command again")
+
+
 def _new(db: Path) -> None:
     """A new store at `db`: made under a temporary name beside it with its tables and marker, then linked into
     place, so that a file at `db` is always a marked store; never over a file that appeared meanwhile (that one,
@@ -397,8 +414,7 @@ def connect(db: Path, read_only: bool = False, wait_s: float = WAIT_S) -> Any:
         if read_only:
             raise Unusable(f"{db}: no history store there: build it with `specfleet db`")
         _new(db)
-    elif not db.is_file() or db.is_symlink():
-        raise _refusal(db, "a folder" if db.is_dir() else "not a plain file")
+    _kinds(db)
     con = _open(db, True, deadline, wait_s)
     try:
         why = _marked(con)

@@ -1,5 +1,6 @@
 """One line for a controller step that stopped on something other than its own answer (a full disk, a missing
-permission, a fault in specfleet): the path and the system's reason, or the fault, and what to do."""
+permission, a file named that is no file, a fault in specfleet): the path and the system's reason, or the fault,
+and what to do."""
 from __future__ import annotations
 
 import errno
@@ -8,17 +9,26 @@ import os
 import traceback
 from typing import Any, Callable, Dict, Optional
 
+from agent.bounded import BoundError
+
 Run = Callable[[Any, Any, Optional[Dict[str, Any]]], Dict[str, Any]]
 
 SPACE = (errno.ENOSPC, errno.EDQUOT)
+# What to do about a system error, by its errno; any other: "fix it"
+TODO = {**dict.fromkeys(SPACE, "free space on its filesystem"), errno.EACCES: "give this user access to it",
+        errno.EPERM: "give this user access to it", errno.EROFS: "make its filesystem writable",
+        errno.ENOENT: "check that it exists"}
 
 
-def line(what: str, exc: BaseException, after: str) -> str:
-    """`what` stopped by `exc`; `after`: what holds meanwhile and how to go on (e.g. 'nothing was started')."""
+def line(what: str, exc: BaseException, after: str, where: Optional[str] = None) -> str:
+    """`what` stopped by `exc`; `after`: what holds meanwhile and how to go on (e.g. 'nothing was started');
+    `where`: the path to name when the system named none (a full disk fails a write, not a name)."""
+    if isinstance(exc, BoundError):  # a file the user named that is no file, or past its limit
+        return f"{what} refused {exc}; move it away, then run the same command again ({after})"
     if isinstance(exc, OSError) and exc.errno is not None:
-        todo = "free space on its filesystem, then run" if exc.errno in SPACE else "fix it, then run"
-        return (f"{what} failed: {exc.filename or '(the system named no file)'}: {os.strerror(exc.errno)}; "
-                f"{todo} the same command again ({after})")
+        path = exc.filename if exc.filename is not None else where or "(the system named no file)"
+        return (f"{what} failed: {path}: {os.strerror(exc.errno)}; {TODO.get(exc.errno, 'fix it')}, then run the "
+                f"same command again ({after})")
     return (f"{what} stopped on an unexpected error, {type(exc).__name__}: {exc} (a fault in specfleet: -vvv shows "
             f"its traceback, please report it; {after})")
 
@@ -39,3 +49,11 @@ def guard(what: str, after: str, passes: tuple[type[BaseException], ...]) -> Cal
                         "exception": traceback.format_exc()}
         return guarded
     return wrap
+
+
+def archive_failure(exc: OSError, cache: str) -> str:
+    """The bench_agent lookup's line for an OSError building the agent's archive into the cache folder `cache`."""
+    if exc.errno is None:  # its own words, naming the folder (no agent package under the project folder)
+        return (f"building the agent's archive for the hosts failed: {exc}; run from specfleet's project folder, then "
+                "run the same command again (nothing was sent to a host)")
+    return line("building the agent's archive for the hosts", exc, "nothing was sent to a host", where=cache)

@@ -11,6 +11,8 @@ from typing import Any, Iterable, Optional
 
 import pandas as pd
 
+from agent.bounded import BoundError, open_regular
+
 from .. import crossover
 from ..environment import environment
 from ..load import ConfigResult, Run
@@ -170,15 +172,19 @@ def _plots(plots: Iterable[Path]) -> list[str]:
 
 
 def log_tail(c: ConfigResult, root: Path) -> str:
-    """The last LOG_LINES lines of the config's server.log as the results folder holds it; status.json's
-    log_tail when the folder has no server.log."""
+    """The last LOG_LINES lines of the config's server.log as the results folder holds it (its last LOG_BYTES);
+    status.json's log_tail when the folder has no server.log, and when what is there is not a regular file (a FIFO
+    is never waited on, a device never read without end), after a line that names it."""
     path = root / c.host / c.config_id / "server.log"
+    kept = str(c.status.get("log_tail") or "")
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             f.seek(max(f.seek(0, 2) - LOG_BYTES, 0))
-            text = f.read().decode("utf-8", errors="replace")
+            text = f.read(LOG_BYTES).decode("utf-8", errors="replace")
+    except BoundError as exc:
+        return f"{exc}: not read; the tail status.json keeps:\n{kept}".rstrip()
     except OSError:
-        return str(c.status.get("log_tail") or "")
+        return kept
     return "\n".join(text.splitlines()[-LOG_LINES:])
 
 

@@ -2,16 +2,20 @@
 file is recognised by what specfleet writes at its head (report.md its `# Run` title and speedup section, a CSV its
 header, report.json its `run` key, report.html its page head, a plot the `specfleet` mark in its PNG or SVG
 metadata); anything else at one of those names, or any PNG or SVG without the mark in a plots folder, is refused
-(`Foreign`, naming the path and why) before anything is written, and left as it was.
+(`Foreign`, naming the path and why) before anything is written, and left as it was. So are run.json, host
+folders and a host's archive at the place the pull fetches it to (`archive_made`).
 
 Standard library only: `stamp` and `unpack` check run.json and host folders with it without loading pandas."""
 from __future__ import annotations
 
 import json
 import os
-import stat
+import tarfile
+import zlib
 from pathlib import Path
 from typing import Callable, Optional
+
+from agent import bounded
 
 from .. import HTML_FILE, PACK_FILE, PLOTS_DIR, VS_FILE
 
@@ -32,12 +36,9 @@ def refusal(path: Path, why: str, what: str) -> Foreign:
 
 
 def _kind(path: Path) -> Optional[str]:
-    """What `path` is when it is not a plain file (a folder, a link, ...); None for a plain file."""
-    st = path.lstat()
-    if stat.S_ISREG(st.st_mode):
-        return None
-    return ("a folder" if stat.S_ISDIR(st.st_mode) else "a symbolic link" if stat.S_ISLNK(st.st_mode)
-            else "not a plain file")
+    """What `path` is when it is not a plain file (a directory, a symbolic link, a FIFO...); None for a plain
+    file."""
+    return bounded.kind(path, follow=False)
 
 
 def _head(path: Path, size: int = HEAD) -> bytes:
@@ -109,7 +110,9 @@ def run_json_made(path: Path) -> Optional[str]:
     if kind:
         return kind
     try:
-        meta = json.loads(path.read_bytes())
+        meta = json.loads(bounded.read_bytes(path, bounded.RECORD))
+    except bounded.BoundError as exc:
+        return str(exc.strerror)
     except ValueError:
         return "not JSON"
     return None if isinstance(meta, dict) and isinstance(meta.get("run_id"), str) else "JSON without a run_id"
@@ -127,9 +130,9 @@ def check_plots(folder: Path) -> None:
     folder or holds a PNG or SVG that specfleet did not draw; nothing is changed either way."""
     if not os.path.lexists(folder):
         return
-    kind = _kind(folder)
-    if kind != "a folder":
-        raise refusal(folder, kind or "a file", "a plots folder")
+    what = _kind(folder)
+    if what != "a directory":
+        raise refusal(folder, what or "a file", "a plots folder")
     run_json = folder.parent / "run.json"
     legacy = folder.name == PLOTS_DIR and run_json.is_file() and run_json_made(run_json) is None
     for path in sorted(folder.iterdir()):
@@ -158,3 +161,22 @@ def host_folder_made(path: Path) -> bool:
     """Whether `path` is a host's results folder as the agent writes it (its events.jsonl or host.json)."""
     return path.is_dir() and not path.is_symlink() and any((path / f).is_file() for f in ("events.jsonl",
                                                                                          "host.json"))
+
+
+def archive_made(path: Path, host: str) -> Optional[str]:
+    """Why `path` is not an archive of `host`'s results as a pull fetches it (None: it is): a gzip'd tar whose first
+    entry is the folder `host`, as the agent's `pack` writes it, or an empty file (a fetch cut short before its
+    first byte). Only its head is read."""
+    kind = _kind(path)
+    if kind:
+        return kind
+    if path.stat().st_size == 0:
+        return None
+    try:
+        with tarfile.open(path, "r|gz") as tar:  # a stream: its first entry's headers are all that is read
+            first = tar.next()
+    except (OSError, EOFError, tarfile.TarError, zlib.error):
+        return "not a gzip'd tar archive"
+    if first is None or not first.isdir() or first.name.rstrip("/") != host:
+        return f"an archive whose first entry is not the folder {host}/"
+    return None

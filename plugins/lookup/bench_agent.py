@@ -9,7 +9,8 @@ from ansible.errors import AnsibleError
 from ansible.plugins.lookup import LookupBase
 
 try:
-    from controller.agent_archive import build
+    from controller.agent_archive import build, cache_dir
+    from controller.stopped import archive_failure
 except ImportError as exc:  # ansible-playbook from another Python than the project's
     raise AnsibleError(f"specfleet's controller package is not importable ({exc}): run `make venv` and "
                        f"`. .venv/bin/activate` in the project") from exc
@@ -29,5 +30,5 @@ class LookupModule(LookupBase):
     def run(self, terms: list[Any], variables: Any = None, **kwargs: Any) -> list[str]:
         try:
             return [str(build(Path(str(t)))) for t in terms]
-        except OSError as exc:
-            raise AnsibleError(f"cannot build the agent's archive: {exc}") from exc
+        except OSError as exc:  # said as specfleet's steps say it: the path, the reason, what to do
+            raise AnsibleError(archive_failure(exc, str(cache_dir()))) from None

@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from agent import records
+from agent.bounded import BoundError
 from agent.classify import Reason
 from agent.config_run import Host, Result, fresh_folder, record
 from agent.engines import ENGINES
@@ -145,6 +146,10 @@ FAULTS: list[tuple[str, Callable[[str], BaseException], int, list[str]]] = [
      cli.SYSTEM, ["failed: ansible_runner is not installed here", "`make venv`", "then run the same command again"]),
     ("fault", lambda path: KeyError("a key specfleet expected"), cli.FAULT,
      ["stopped on an unexpected error, KeyError", "a fault in specfleet", "please report it"]),
+    ("no-file", lambda path: BoundError(errno.EINVAL, "a FIFO, not a regular file; allowed: a regular file of at "
+                                        "most 64 MiB", path), cli.REFUSED,
+     ["refused: {path}: a FIFO, not a regular file; allowed: a regular file of at most 64 MiB", "left as it is",
+      "move it away"]),
 ]
 
 
@@ -176,13 +181,13 @@ def test_an_error_of_any_subcommand_is_said_as_itself_never_as_a_verdict(
     rc = cli.main(argv_of(name, SUBCOMMANDS[name]))
     err = capsys.readouterr().err
     line = said(err)
-    assert rc == status and rc not in (cli.DONE, cli.VERDICT, cli.REFUSED)
+    assert rc == status and rc not in (cli.DONE, cli.VERDICT)
     assert line.startswith(f"specfleet {name}: {cli.OPERATIONS[name]} "), line
     for w in words:
         assert w.format(path=path) in line, line
     if system:
         assert f": {path}: " in line and "then run the same command again" in line
-    if status == cli.SYSTEM:
+    if status in (cli.SYSTEM, cli.REFUSED):
         assert "Traceback" not in err
     else:
         assert "Traceback (most recent call last)" in err  # where the fault is, above its line
@@ -295,6 +300,7 @@ def test_the_role_runs_the_steps_this_table_knows() -> None:
     steps = {m.group(1) for _, _, t, _ in STEPS_IN_ROLE
              for m in [re.search(r"'collector', '(\w+)'", str(t["ansible.builtin.command"]["argv"]))] if m}
     assert steps >= {"finish", "unpack", "stamp"}  # what it finds: each is checked below
+    assert len(STEPS_IN_ROLE) >= 4  # finish, stamp, and unpack twice (freeing the archive's place, then unpacking)
 
 
 @pytest.mark.parametrize("step", STEPS_IN_ROLE, ids=[_step_id(s) for s in STEPS_IN_ROLE])
@@ -306,13 +312,15 @@ def test_a_controller_step_fails_with_its_own_message_and_its_output_is_read_onl
     _, _, task, later = step
     assert "ignore_errors" not in task
     reg: Optional[str] = task.get("register")
-    if "failed_when" not in task:
-        return  # rc != 0 fails the task: nothing after it runs
-    assert reg and str(task["failed_when"]).lower() == "false", task["name"]
+    assert reg and str(task.get("failed_when")).lower() == "false", task["name"]  # Ansible's own words: never
     fail = later[0]
     assert "ansible.builtin.fail" in fail and f"{reg}.stderr_lines" in fail["ansible.builtin.fail"]["msg"]
     m = re.search(rf"{reg}\.rc (not in \[[\d, ]+\]|!= 0)", str(fail.get("when")))
     assert m, fail.get("when")
+    if task.get("check_mode") is not False:  # skipped in check mode, without an rc: the fail must not read one
+        assert str(fail.get("when")).startswith("not ansible_check_mode and "), fail.get("when")
+        assert "not ansible_check_mode" in str(task.get("when")), task["name"]
+    assert fail.get("run_once", False) == task.get("run_once", False), fail["name"]  # said once, or for each host
     documented = "[0]" if m.group(1) == "!= 0" else m.group(1).removeprefix("not in ")
     for t in later[1:]:
         if f"{reg}.stdout" in json.dumps(t):
@@ -353,7 +361,111 @@ def test_the_plan_and_follow_actions_say_what_stopped_them_as_itself(
     line = got["msg"]
     assert got["failed"] is True and type(exc).__name__ in got["exception"]
     assert "\n" not in line and then in line, line
-    if isinstance(exc, OSError):
+    if isinstance(exc, BoundError):  # a file named that is no file: what it is, in place of the errno's words
+        assert line.startswith(f"{head}refused /results/run-00/local: a FIFO, not a regular file;"), line
+        assert "move it away, then run the same command again" in line, line
+    elif isinstance(exc, OSError):
         assert f"/results/run-00/local: {os.strerror(exc.errno)}" in line and line.startswith(head), line
     else:
         assert "an unexpected error, KeyError" in line and "a fault in specfleet" in line, line
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The bench_agent lookup: an error building the agent's archive is said as the steps say it
+# ---------------------------------------------------------------------------------------------------------------
+
+# (what the system raised, given the path; what the line says of it)
+LOOKUP_FAULTS: list[tuple[str, Callable[[str], OSError], list[str]]] = [
+    ("disk-full", lambda path: OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path),
+     ["{path}: No space left on device; free space on its filesystem, then run the same command again"]),
+    ("disk-full, no file named", lambda path: OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)),
+     ["{cache}: No space left on device; free space on its filesystem, then run the same command again"]),
+    ("read-only", lambda path: OSError(errno.EROFS, os.strerror(errno.EROFS), path),
+     ["{path}: Read-only file system; make its filesystem writable, then run"]),
+    ("permission", lambda path: PermissionError(errno.EACCES, os.strerror(errno.EACCES), path),
+     ["{path}: Permission denied; give this user access to it, then run"]),
+    ("no agent package", lambda path: FileNotFoundError(f"no agent package with a __main__.py under {path}"),
+     ["failed: no agent package with a __main__.py under {path}; run from specfleet's project folder"]),
+]
+
+
+@pytest.mark.parametrize("fault", LOOKUP_FAULTS, ids=[f[0] for f in LOOKUP_FAULTS])
+def test_the_agent_lookup_says_a_system_error_as_the_steps_do(
+        fault: tuple[str, Callable[[str], OSError], list[str]], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bench_agent lookup (the agent's archive, built into the user's cache): one line with the operation, the
+    path (the cache folder where the system named none), the reason and what to do; never Python's own words."""
+    import importlib.util
+
+    from ansible.errors import AnsibleError
+
+    spec = importlib.util.spec_from_file_location("bench_agent", ROOT / "plugins" / "lookup" / "bench_agent.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = str(tmp_path / "cache" / "specfleet" / "agent.pyz")
+    _, make, words = fault
+
+    def fails(project: Path) -> Path:
+        raise make(path)
+
+    monkeypatch.setattr(module, "build", fails)
+    with pytest.raises(AnsibleError) as raised:
+        module.LookupModule().run([str(ROOT)])
+    line = raised.value.message
+    assert raised.value.__cause__ is None  # Ansible adds no words of the OSError's own
+    assert "\n" not in line and line.startswith("building the agent's archive for the hosts failed: "), line
+    assert line.endswith("(nothing was sent to a host)") and "[Errno" not in line, line
+    for w in words:
+        assert w.format(path=path, cache=tmp_path / "cache" / "specfleet") in line, line
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# compare: a folder that is not a run is refused with what to do; a read the system refuses is its refusal
+# ---------------------------------------------------------------------------------------------------------------
+
+def _refusing(monkeypatch: pytest.MonkeyPatch, at: Path) -> None:
+    """Reading the run at `at` fails as a folder the system will not list does."""
+    from collector import compare
+
+    real = compare.load_run
+
+    def load(root: Path, *args: Any, **kwargs: Any) -> Any:
+        if root == at:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(root))
+        return real(root, *args, **kwargs)
+
+    monkeypatch.setattr(compare, "load_run", load)
+
+
+# (the folder given as run B, made under the test's folder; the status; what the last line says of it)
+COMPARE_CASES: list[tuple[str, Callable[[Path], None], int, list[str]]] = [
+    ("no such folder", lambda at: None, cli.REFUSED, ["no such run folder: {B}; name a run's folder"]),
+    ("a file", lambda at: at.write_text("my notes\n"), cli.REFUSED, ["not a run folder: {B}; name a run's folder"]),
+    ("a folder without config results", lambda at: at.mkdir(), cli.REFUSED,
+     ["{B}: no config results in this run folder; name a run's folder, results/<run_id>", "`specfleet pull`"]),
+    ("a run folder the system will not read", lambda at: shutil.copytree(at.parent / "results" / "run-00", at),
+     cli.SYSTEM, ["specfleet compare: reading the two runs failed: {B}: Permission denied; give this user access "
+                  "to it, then run the same command again"]),
+]
+
+
+@pytest.mark.parametrize("case", COMPARE_CASES, ids=[c[0] for c in COMPARE_CASES])
+def test_compare_says_a_folder_that_is_not_a_run_and_a_refused_read_in_one_line(
+        case: tuple[str, Callable[[Path], None], int, list[str]], source: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    _, make, status, words = case
+    shutil.copytree(source / "results", tmp_path / "results")
+    b = tmp_path / "b"
+    make(b)
+    if status == cli.SYSTEM:
+        _refusing(monkeypatch, b)
+    capsys.readouterr()
+    rc = cli.main(["compare", str(tmp_path / "results" / "run-00"), str(b)])
+    err = capsys.readouterr().err
+    assert rc == status, err
+    assert [line for line in err.splitlines() if not line.startswith("warning: ")] == [said(err)], err  # one line
+    for w in words:
+        assert w.format(B=b) in said(err), said(err)
+    assert "Traceback" not in err

@@ -103,7 +103,27 @@ def _duckdb(rel: str) -> Callable[[Path], Path]:
     return lambda t: user_duckdb(t / rel)
 
 
+def _new_link(rel: str) -> Callable[[Path], Path]:
+    def put(t: Path) -> Path:
+        (t / "mine.txt").write_text("my own notes\n")
+        (t / rel).symlink_to(t / "mine.txt")
+        return t / rel
+    return put
+
+
+def _user_archive(rel: str, top: str = "photos") -> Callable[[Path], Path]:
+    """A gzip'd tar of the user's whose first entry is the folder `top`."""
+    def put(t: Path) -> Path:
+        (t / top).mkdir(exist_ok=True)
+        (t / top / "notes.txt").write_text("my own notes\n")
+        with tarfile.open(t / rel, "w:gz") as tar:
+            tar.add(t / top, arcname=top)
+        return t / rel
+    return put
+
+
 R, S = "results/run-00", "results"
+FETCHED = f"{R}/.{HOST}.tar.gz"  # where the pull fetches the host's archive to (roles/bench/tasks/pull.yml)
 # (what is there, put by `put` under the test's folder T) -> the command that would write or delete it: refused
 CASES: list[tuple[str, Callable[[Path], Path], list[str]]] = [
     ("db: --db a text file", _file("notes.txt"), ["db", "--results", "{T}/results", "--db", "{T}/notes.txt"]),
@@ -143,6 +163,12 @@ CASES: list[tuple[str, Callable[[Path], Path], list[str]]] = [
      ["unpack", f"{{T}}/{R}", HOST, f"{{T}}/{HOST}.tar.gz"]),
     ("unpack: a file where the host's folder goes", _file(f"{R}/other-host"),
      ["unpack", f"{{T}}/{R}", "other-host", f"{{T}}/{HOST}.tar.gz"]),
+    *((f"unpack --before-fetch: {what} at the place the pull fetches the archive to", put,
+       ["unpack", f"{{T}}/{R}", HOST, f"{{T}}/{FETCHED}", "--before-fetch"])
+      for what, put in (("a file of the user's", _file(FETCHED)), ("a folder", _folder(FETCHED)),
+                        ("a link to the user's file", _new_link(FETCHED)),
+                        ("a gzip'd tar of the user's", _user_archive(FETCHED)),
+                        ("another host's archive", _user_archive(FETCHED, "other-host")))),
 ]
 
 
@@ -258,3 +284,43 @@ def test_unpack_replaces_its_own_host_folder_and_its_own_leftovers(place: Path) 
     assert cli.main(["unpack", str(run_dir), HOST, str(place / f"{HOST}.tar.gz")]) == cli.DONE
     assert (run_dir / HOST / "events.jsonl").is_file() and not (run_dir / HOST / "stale.txt").exists()
     assert [p.name for p in run_dir.iterdir() if p.name.startswith(".")] == []
+
+
+def test_the_pull_removes_only_the_archives_it_fetched(place: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The place the pull fetches to: an earlier pull's archive there (an earlier specfleet's, or one a pull cut
+    short, even before its first byte) is removed before the fetch, and said; nothing there is nothing to do. The
+    archive unpacked with --remove-archive goes once its results are in place, and nothing else with it."""
+    run_dir, fetched = place / R, place / FETCHED
+    free = ["unpack", str(run_dir), HOST, str(fetched), "--before-fetch"]
+    for earlier in ((place / f"{HOST}.tar.gz").read_bytes(), b""):
+        fetched.write_bytes(earlier)
+        capsys.readouterr()
+        assert cli.main(free) == cli.DONE
+        assert capsys.readouterr().out == f"removed an earlier pull's archive of {HOST}: {fetched}\n"
+        assert not os.path.lexists(fetched)
+    assert cli.main(free) == cli.DONE and capsys.readouterr().out == ""  # again: nothing to do, nothing said
+    shutil.copy(place / f"{HOST}.tar.gz", fetched)
+    before = {k: v for k, v in tree(place).items() if not k.startswith(f"{R}/{HOST}/") and k != FETCHED}
+    assert cli.main(["unpack", str(run_dir), HOST, str(fetched), "--remove-archive"]) == cli.DONE
+    assert not os.path.lexists(fetched) and (run_dir / HOST / "events.jsonl").is_file()
+    assert {k: v for k, v in tree(place).items() if not k.startswith(f"{R}/{HOST}/")} == before
+    fetched.write_bytes(b"not an archive\n")  # one it cannot unpack is left as it is
+    assert cli.main(["unpack", str(run_dir), HOST, str(fetched), "--remove-archive"]) == cli.REFUSED
+    assert fetched.read_bytes() == b"not an archive\n"
+
+
+@pytest.mark.parametrize("name", sorted(REPORT_FILES))
+def test_a_direct_caller_of_report_write_is_refused_as_the_command_is(name: str, place: Path) -> None:
+    """collector.report.write checks the run folder itself: a caller that is not the command line (a notebook, a
+    script) cannot overwrite a report file of the user's either."""
+    from collector.load import load_run
+    from collector.outputs.own import Foreign
+    from collector.report import write
+
+    run_dir = place / R
+    foreign = _file(f"{R}/{name}")(place)
+    before = tree(place)
+    with pytest.raises(Foreign) as refused:
+        write(run_dir, load_run(run_dir), plots=False)
+    assert str(foreign) in str(refused.value) and "left as it is" in str(refused.value)
+    assert tree(place) == before
