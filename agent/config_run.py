@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Set
 
 from . import fit, foreign, gpu, gpusample, probe, startup
-from .classify import Reason, classify, tail
+from .classify import Reason, classify, drafter_problems, tail
 from .engines import PORT, Engine
 from .leftovers import MARK
 from .measure import Endpoint, Measured, PromptError, gone, measure
@@ -163,7 +163,13 @@ def preflight(host: Host, cfg: Mapping[str, Any], slot: Optional[Slot] = None) -
                       f"the same server as {first} on this build (it runs DFlash without overlap scheduling always: "
                       f"SGLang up to 0.5.13); {first}'s figures are this config's", fields={"same_server_as": first})
     drafter = probe.model(cfg["draft_model"]["path"]) if cfg.get("draft_model") else None
-    limits = probe.build_limits(cfg, host.features, drafter, probe.model(cfg["model"]["path"]))
+    target = probe.model(cfg["model"]["path"])
+    mismatched = drafter_problems(cfg, drafter, target)  # the plan's drafter check, for a run without it
+    if mismatched:
+        reason = Reason.MISSING_MODEL if any(r == Reason.MISSING_MODEL for r, _ in mismatched) else \
+            Reason.INCOMPATIBLE_CONFIG
+        return Result.failed(reason, "; ".join(line for _, line in mismatched))
+    limits = probe.build_limits(cfg, host.features, drafter, target)
     if limits:
         kinds = {what for what, _ in limits}
         reason = Reason.INCOMPATIBLE_CONFIG if "drafter" in kinds else Reason.DOES_NOT_FIT if "model" in kinds \

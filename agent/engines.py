@@ -187,8 +187,6 @@ def _parse_sglang(obj: dict[str, Any], state: dict[str, Any]) -> ChunkInfo:
     info.prompt_tokens = meta.get("prompt_tokens")
     fr = meta.get("finish_reason")
     info.finish_reason = (fr.get("type") if isinstance(fr, dict) else fr) or None
-    if meta.get("spec_accept_length") is not None:
-        info.accept_length = float(meta["spec_accept_length"])
     steps = meta.get("spec_verify_ct")
     if isinstance(steps, int) and steps > 0 and done is not None:
         # the server's own count of accepted drafts (0.5.15 on `spec_num_correct_drafts`, before it and as an
@@ -197,6 +195,10 @@ def _parse_sglang(obj: dict[str, Any], state: dict[str, Any]) -> ChunkInfo:
         exact = next((meta[k] for k in SGLANG_ACCEPTED if isinstance(meta.get(k), int)), None)
         info.spec_steps = steps
         info.spec_accepted = exact if exact is not None else max(0, int(done) - steps - 1)
+        # acceptance length as vLLM and the counter check define it: tokens per verify step, its bonus token
+        # included, 1 + accepted / steps. SGLang's own `spec_accept_length` (completion_tokens / spec_verify_ct,
+        # sent beside spec_verify_ct by 0.5.11 to 0.5.23) also counts the prefill's first token: 1 / steps more
+        info.accept_length = 1 + info.spec_accepted / steps
     return info
 
 

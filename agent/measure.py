@@ -216,8 +216,9 @@ def measure(cfg: Mapping[str, Any], identity: Mapping[str, Any], server: Server,
     first = cfg["cells"][0]
     [warm], _ = burst(cfg, ep, built[(first["workload"], first["context_tokens"])], cfg["warmup_max_tokens"], 1,
                       "warmup")
-    if not warm["ok"]:
-        reason = Reason.CRASHED if gone(server, [warm]) else Reason.WARMUP_FAILED
+    if not warm["ok"]:  # the engine's own words first (a drafter that passed health and died at its first step)
+        reason = classify(tail(server.log_text(), 120), Reason.CRASHED if gone(server, [warm]) else
+                          Reason.WARMUP_FAILED)
         return Measured([], reason, f"warmup request failed: {warm['error']}")
     seed = random.randrange(1 << 31) if seed is None else seed
     out = Measured([], fields={"order_seed": seed, "prompts_s": round(t1 - t0, 3),

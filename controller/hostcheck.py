@@ -1,7 +1,9 @@
 """What the plan can say about each config from the host's own answer (`agent.probe`, run on the host as
-`python3 -c`): whether the installed engine knows every launch flag and value, and whether weights, drafter
-and the largest cell's KV cache fit one GPU at the config's TP. Without an answer (host unreachable, probe
-off) each config says why it was not checked; the agent checks both again before it starts a server.
+`python3 -c`): whether the installed engine knows every launch flag and value, whether the drafter fits its target
+(`agent.classify.drafter_problems`: its path, the target layers it taps, its vocabulary, its DFlash block), and
+whether weights, drafter and the largest cell's KV cache fit one GPU at the config's TP. Without an answer (host
+unreachable, probe off) each config says why it was not checked; the agent checks them again before it starts a
+server.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from agent import fit, probe
+from agent.classify import drafter_problems
 from agent.engines import ENGINES
 from agent.store import read_json
 
@@ -24,7 +27,7 @@ class Check:
     engine_line: str = ""
     fit: fit.Fit | None = None
     fit_line: str = ""
-    limits: list[str] = field(default_factory=list)  # what it asks of the engine's API that the build lacks
+    limits: list[str] = field(default_factory=list)  # what it asks that the build or its models cannot give
     offsite: str = ""  # where the models of an off-site fit were read (said once above the configs)
 
 
@@ -131,7 +134,9 @@ def assess(configs: list[dict[str, Any]], answer: Any, engine: str, gpu_memory_m
             check.limits = [why for _, why in probe.build_limits(
                 cfg, eng.get("features") or {}, read_model(models, cfg.get("draft_model")),
                 read_model(models, cfg.get("model")))]
-        if data is not None:
+        if data is not None:  # the drafter against its target, whatever the engine said
+            check.limits[:0] = [line for _, line in drafter_problems(
+                cfg, read_model(models, cfg.get("draft_model")), read_model(models, cfg.get("model")))]
             check.fit, check.fit_line = _fit(cfg, engine, models, gpu_mib, eng.get("defaults"))
             check.fit_line += source if check.fit is not None else ""
         out[cfg["config_id"]] = check
@@ -170,6 +175,8 @@ def _fit(cfg: Mapping[str, Any], engine: str, models: Mapping[str, Any], gpu_mib
     if not gpu_mib:
         return None, "not checked: no GPU memory known (nvidia-smi found none; set bench_gpu_memory_mib)"
     if not isinstance(target.get("config"), dict) or not target.get("weights_bytes"):
+        if target.get("config_problem"):  # there, but not a file that can be read (a FIFO, a device, too large)
+            return None, f"not checked: {target['config_problem']}"
         return None, f"not checked: no config.json or weights in {cfg['model']['path']} on the host"
     drafter = 0
     if cfg.get("draft_model"):

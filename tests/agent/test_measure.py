@@ -59,3 +59,25 @@ def test_an_exited_server_is_gone_at_once() -> None:
     server = Dying(alive_for=0)
     assert measure.gone(server, [row(None)])  # type: ignore[arg-type]
     assert server.asked == 1
+
+
+@pytest.mark.parametrize("capture,reason", [("vllm-0.32.0-dflash-past-layers.log", "incompatible_config"),
+                                            ("vllm-0.32.0-dflash-other-vocab.log", "incompatible_config"),
+                                            (None, "warmup_failed")])
+def test_a_failed_warmup_is_classified_from_the_engines_log(capture: str | None, reason: str,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server healthy until its first request, whose engine then says why it cannot serve (vLLM's DFlash with a
+    drafter that does not fit its target): the warmup's failure carries the engine's reason, else warmup_failed."""
+    from tests.conftest import ROOT
+
+    log = (ROOT / "tests/fixtures" / capture).read_text() if capture else "INFO: Application startup complete.\n"
+
+    class Up(Dying):
+        def log_text(self) -> str:
+            return log
+
+    monkeypatch.setattr(measure, "prompts", lambda cfg, ep: {("fib", 0): None})
+    monkeypatch.setattr(measure, "burst", lambda *a, **k: ([row("HTTP 500: EngineCore encountered an issue")], 0.1))
+    cfg = {"cells": [{"workload": "fib", "context_tokens": 0}], "warmup_max_tokens": 4}
+    got = measure.measure(cfg, {}, Up(alive_for=None), None)  # type: ignore[arg-type]
+    assert got.reason is not None and got.reason.value == reason and got.rows == []

@@ -31,7 +31,8 @@ def test_killed_crashing_and_unsupported_configs_are_recorded_and_the_suite_goes
          "env": {"STANDIN_FAULT": "sigkill", "STANDIN_FAULT_AFTER_TOKENS": str(32 + 3 * 128 + 20)}},
         {"method": "ngram", "num_speculative_tokens": 3, "id": "ngram-badflag", "server_args": ["--no-such-flag"]},
         {"method": "draft_model", "num_speculative_tokens": 2, "id": "broken-draft",
-         "draft_model": {"name": "missing", "path": str(bench.tmp / "no-such-model")}},
+         # shaped like a Hub id, which the plan leaves to the engine (a local path with nothing there fails the plan)
+         "draft_model": {"name": "missing", "path": "no-such-org/no-such-model"}},
         {"method": "ngram", "num_speculative_tokens": 4},
     ], workloads=["fib", "json"], max_tokens=[128], context_tokens=[0], concurrency=[1, 2])
     proc = bench.start({**matrix, **bench.standin(), "run_id": run})
