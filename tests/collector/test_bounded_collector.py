@@ -10,21 +10,17 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import multiprocessing
 import os
-import resource
 import tarfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import pytest
 
 from collector import __main__ as cli
+from tests.child import DEADLINE_S, within_deadline
 
-DEADLINE_S = 10.0  # a case opens a handful of small files; one that blocks or reads without end takes forever
-MEMORY_HEADROOM = 2 << 30
 HOST, CONFIG, RUN = "h", "tp1-autoregressive", "run-00"
 ROW = {"host": HOST, "config_id": CONFIG, "method": "autoregressive", "method_params": {}, "tp": 1, "workload": "fib",
        "max_tokens": 8, "context_tokens": 0, "concurrency": 1, "rep": 0, "ok": True, "output_tok_s": 10.0,
@@ -158,37 +154,6 @@ INPUTS = [
 # Each case in a child with a deadline
 # ---------------------------------------------------------------------------------------------------------------
 
-def _capped(target: Callable[[], Any], conn: Any) -> None:
-    """In the case's process: the memory it may map is capped, then the result (or the error) goes back."""
-    with open("/proc/self/status") as f:
-        mapped = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    cap = mapped + MEMORY_HEADROOM
-    resource.setrlimit(resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
-    try:
-        conn.send(("ok", target()))
-    except BaseException as exc:  # noqa: B036 (the case's process reports whatever ended it)
-        conn.send(("raised", f"{type(exc).__name__}: {exc}"))
-
-
-def within_deadline(target: Callable[[], Any]) -> tuple[Any, float]:
-    """`target()` in a forked process (so that a read that blocks can be ended): its result and the seconds it
-    took; the case fails when no answer came within DEADLINE_S."""
-    ctx = multiprocessing.get_context("fork")
-    recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_capped, args=(target, send), daemon=True)
-    t0 = time.monotonic()
-    proc.start()
-    send.close()
-    try:
-        if not recv.poll(DEADLINE_S):
-            pytest.fail(f"no answer within {DEADLINE_S} s: the read blocks or has no end")
-        how, value = recv.recv()
-    finally:
-        proc.kill()
-        proc.join()
-    assert how == "ok", value
-    return value, time.monotonic() - t0
 
 
 def _case(t: Path, inp: Input, kind: Optional[str]) -> Callable[[], tuple[Optional[int], list[str]]]:

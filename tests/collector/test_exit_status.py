@@ -17,9 +17,8 @@ import shutil
 import subprocess
 import sys
 import tarfile
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import pytest
 import yaml
@@ -34,6 +33,7 @@ from agent.store import HostStore, write_json
 from collector import __main__ as cli
 from controller import matrix
 from tests.collector.test_cli import parsers
+from tests.disk import fill, tmpfs
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST, TOKENS, REPS = "cpu1", 32, 3
@@ -75,33 +75,6 @@ def agent_run(results: Path, run_id: str = "run-00", host: str = HOST, failed: b
                "2026-12-01T10:00:00.000+00:00")
     assert cli.main(["stamp", str(run_dir), "start", "--suite", "exit", "--hosts", host]) == 0
     return run_dir
-
-
-def fill(folder: Path) -> Path:
-    """Take every free byte of the filesystem holding `folder`: the filler file."""
-    filler = folder / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        for size in (1 << 20, 4096, 1):
-            try:
-                while True:
-                    os.write(fd, b"\0" * size)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC, exc
-    finally:
-        os.close(fd)
-    return filler
-
-
-@contextmanager
-def tmpfs(folder: Path, size: str = "16m") -> Iterator[Path]:
-    """A tmpfs of `size` mounted on `folder`, unmounted at the end whatever happens."""
-    folder.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "specfleet-test", str(folder)], check=True)
-    try:
-        yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=False)
 
 
 def files(root: Path) -> dict[str, bytes]:

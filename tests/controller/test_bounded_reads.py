@@ -10,10 +10,8 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
-import multiprocessing
 import os
 import re
-import resource
 import subprocess
 import sys
 import time
@@ -30,10 +28,9 @@ from collector import load
 from controller import hub, plan
 from controller.settings import MAX_PROMPT_CHARS, SETTINGS
 from tests import playbook
+from tests.child import DEADLINE_S, within_deadline
 
 ROOT = Path(__file__).resolve().parents[2]
-DEADLINE_S = 10.0  # a case reads a handful of small files; a reader that blocks or reads without end takes forever
-MEMORY_HEADROOM = 2 << 30  # above what the test process already maps: reading /dev/zero fails here, not the host
 HOST = "h"
 CONFIG = "tp1-autoregressive"
 ROW = {"host": HOST, "config_id": CONFIG, "method": "autoregressive", "method_params": {}, "tp": 1, "workload": "fib",
@@ -317,37 +314,6 @@ INPUTS = [
 ]
 
 
-def _capped(target: Callable[[], Any], conn: Any) -> None:
-    """In the case's process: the memory it may map is capped, then the result (or the error) goes back."""
-    with open("/proc/self/status") as f:
-        mapped = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    cap = mapped + MEMORY_HEADROOM
-    resource.setrlimit(resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
-    try:
-        conn.send(("ok", target()))
-    except BaseException as exc:  # noqa: B036 (the case's process reports whatever ended it)
-        conn.send(("raised", f"{type(exc).__name__}: {exc}"))
-
-
-def within_deadline(target: Callable[[], Any]) -> tuple[Any, float]:
-    """`target()` in a forked process (so that a read that blocks can be ended), its result and the seconds it
-    took; the case fails when no answer came within DEADLINE_S."""
-    ctx = multiprocessing.get_context("fork")
-    recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_capped, args=(target, send), daemon=True)
-    t0 = time.monotonic()
-    proc.start()
-    send.close()
-    try:
-        if not recv.poll(DEADLINE_S):
-            pytest.fail(f"no answer within {DEADLINE_S} s: the read blocks or has no end")
-        how, value = recv.recv()
-    finally:
-        proc.kill()
-        proc.join()
-    assert how == "ok", value
-    return value, time.monotonic() - t0
 
 
 def _plant(folder: Path, inp: Input, kind: str | None) -> Path:

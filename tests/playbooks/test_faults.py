@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from tests.disk import fill
+
 from .conftest import ROOT, Bench, reduced_matrix
 from .test_failures import wait_for
 from .test_security import listening
@@ -259,22 +261,6 @@ def test_port_taken_by_another_process_is_named_and_left_alone(bench: Bench) -> 
     no_engine_left(str(bench.tmp))
 
 
-def _fill(path: Path) -> Path:
-    """Take every free byte of the filesystem holding `path`."""
-    filler = path / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        for size in (1 << 20, 4096, 1):
-            try:
-                while True:
-                    os.write(fd, b"\0" * size)
-            except OSError:
-                pass
-    finally:
-        os.close(fd)
-    return filler
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
 def test_disk_full_while_writing_results_is_clear_and_resumable(bench: Bench) -> None:
     run = "it-diskfull"
@@ -292,7 +278,7 @@ def test_disk_full_while_writing_results_is_clear_and_resumable(bench: Bench) ->
             log = host / "tp1-ngram-k2" / "server.log"
             wait_for(lambda: log.exists() and "gated until" in log.read_text(), 120, "second config measuring")
             before = (host / "tp1-autoregressive/status.json").read_bytes()
-            filler = _fill(bench.host_dir)
+            filler = fill(bench.host_dir)
             gate.touch()
             out, _ = proc.communicate(timeout=300)
         finally:

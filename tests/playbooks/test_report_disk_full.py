@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from tests import playbook
-from tests.collector.test_exit_status import agent_run, files, fill, tmpfs
+from tests.collector.test_exit_status import agent_run, files
+from tests.disk import fill, tmpfs
 
 
 def fatal(out: str, at: int) -> str:
