@@ -1,11 +1,13 @@
 """The server's own counters around the timed requests, checked against the request rows.
 
 Read right after the warmup and right after the last timed request (Prometheus text on the engine's metrics
-path); the difference is what the server says the timed requests were. Four checks:
+path); the difference is what the server says the timed requests were. Five checks:
 - generation tokens: the rows' `completion_tokens` (each from the server's usage) sum to the counter's delta exactly;
 - requests: as many finished requests as rows;
-- verify steps (speculative configs, where the engine counts them: SGLang from 0.5.15): the rows' verify steps
-  (each from the request's `meta_info`) sum to the counter's delta exactly;
+- verify steps (speculative configs, where the engine counts them: SGLang from 0.5.15, vLLM as its drafts, one a
+  verify step): the rows' verify steps (each from the request's own report) sum to the counter's delta exactly;
+- accepted tokens (speculative configs, where the engine counts them: vLLM): the rows' accepted drafts sum to the
+  counter's delta exactly;
 - acceptance length (speculative configs, where the engine counts drafts): 1 + accepted / drafts over the window
   against the rows' 1 + Σ accepted / Σ verify steps. Each request is weighted by its verify steps because that is
   how the counter aggregates (one draft per verify step); a plain mean of the per-request means would weight a
@@ -84,9 +86,15 @@ def check(before: Optional[Mapping[str, float]], after: Optional[Mapping[str, fl
     drafts, accepted = _delta(before, after, "drafts"), _delta(before, after, "accepted_tokens")
     steps = [r.get("spec_steps") for r in rows if r.get("ok")]
     verify = _delta(before, after, "verify_steps")  # SGLang 0.5.15 on: the verify steps of finished requests
-    if speculative and verify is not None and steps and all(isinstance(s, int) for s in steps):
+    if verify is None:
+        verify = drafts  # vLLM: one draft per verify step (`num_spec_steps` per request)
+    counted = speculative and bool(steps) and all(isinstance(s, int) for s in steps)
+    if counted and verify is not None:
         total = sum(int(r.get("spec_steps") or 0) for r in rows)
         checks["verify_steps"] = {"server": int(round(verify)), "rows": total, "ok": int(round(verify)) == total}
+    if counted and accepted is not None:  # exactly, request by request summed
+        took = sum(int(r.get("spec_accepted_tokens") or 0) for r in rows)
+        checks["accepted_tokens"] = {"server": int(round(accepted)), "rows": took, "ok": int(round(accepted)) == took}
     if speculative and drafts and accepted is not None and steps and all(isinstance(s, int) for s in steps):
         total_steps = sum(steps)  # type: ignore[arg-type]
         rows_acc = sum(int(r.get("spec_accepted_tokens") or 0) for r in rows if r.get("ok"))

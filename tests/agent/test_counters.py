@@ -47,6 +47,8 @@ def test_agreement_is_ok_with_both_figures() -> None:
     assert got["verdict"] == "ok"
     assert got["generation_tokens"] == {"server": 128, "rows": 128, "ok": True}
     assert got["requests"] == {"server": 4, "rows": 4, "ok": True}
+    assert got["verify_steps"] == {"server": 50, "rows": 50, "ok": True}  # vLLM: a draft per verify step
+    assert got["accepted_tokens"] == {"server": 50, "rows": 50, "ok": True}
     assert got["accept_length"]["server"] == 2.0 and got["accept_length"]["rows"] == 2.0
 
 
@@ -63,6 +65,9 @@ def test_the_weighting_is_by_verify_steps_not_by_request() -> None:
     ({"generation_tokens": 229.0}, "generation_tokens: server 129 vs rows 128"),
     ({"requests": 7.0}, "requests: server 5 vs rows 4"),
     ({"accepted_tokens": 57.0}, "accept_length: server 2.04 vs rows 2.0"),
+    # counted exactly, where the acceptance length's 1% would let one token through
+    ({"accepted_tokens": 56.0}, "accepted_tokens: server 51 vs rows 50"),
+    ({"drafts": 61.0, "accepted_tokens": 56.0}, "verify_steps: server 51 vs rows 50"),
 ])
 def test_any_disagreement_is_suspect_with_the_two_figures(change: dict[str, float], which: str) -> None:
     before = {"generation_tokens": 100.0, "requests": 2.0, "drafts": 10.0, "accepted_tokens": 5.0}
