@@ -407,6 +407,24 @@ def ddtree_vs_dflash(run: Run, df: pd.DataFrame | None = None) -> pd.DataFrame:
     return out
 
 
+def dflash_alone(run: Run, df: pd.DataFrame | None = None) -> list[dict[str, Any]]:
+    """The DFlash configs with no DDTree config to set against them (none on their host, engine, model and tp), each
+    once: host, config_id, its tp, and the engine that measured it with the version host.json names (DDTree runs
+    on SGLang with its patch; a run of another engine has DFlash rows only)."""
+    df = table(run) if df is None else df
+    if df.empty:
+        return []
+    with_tree = set(df.loc[df["method"] == DDTREE, ["host", "engine", "model", "tp"]].itertuples(index=False))
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in df.loc[df["method"] == DFLASH].itertuples(index=False):
+        if (r.host, r.engine, r.model, r.tp) in with_tree or (r.host, r.config_id) in out:
+            continue
+        version = ((run.hosts.get(r.host) or {}).get("engine") or {}).get("version")
+        out[(r.host, r.config_id)] = {"host": r.host, "config_id": r.config_id, "tp": int(r.tp),
+                                      "engine": r.engine, "engine_version": version}
+    return list(out.values())
+
+
 def beside(status: dict[str, Any]) -> str:
     """The configs that were in their timed requests while this one was (neighbours with timed_overlap_s > 0),
     with those seconds: `tp1-dflash (slot 1): 80.0 s; tp1-ngram (slot 2): 12.5 s`."""

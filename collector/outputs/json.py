@@ -12,7 +12,7 @@ from agent.records import INF
 
 from .. import crossover
 from ..load import Run
-from ..tables import cross_host, ddtree_vs_dflash, pack_check
+from ..tables import cross_host, ddtree_vs_dflash, dflash_alone, pack_check
 
 
 def _rows(df: pd.DataFrame) -> list[dict[str, Any]]:
@@ -29,6 +29,7 @@ def render(run: Run, df: pd.DataFrame) -> str:
     return dumps_indented({"run": run.meta, "rows": _rows(df), "where_speculation_pays": _rows(crossover.table(df)),
                            "cross_host": _rows(cross_host(df)),
                            "ddtree_vs_dflash": _rows(ddtree_vs_dflash(run, df)),
+                           "dflash_without_ddtree": dflash_alone(run, df),
                            "baseline_alone_vs_packed": _rows(pack_check(run)), "problems": run.problems}) + "\n"
 
 

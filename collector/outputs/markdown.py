@@ -22,6 +22,7 @@ from ..tables import (
     by_budget,
     cross_host,
     ddtree_vs_dflash,
+    dflash_alone,
     pack_check,
     timing,
 )
@@ -143,12 +144,17 @@ def _ratio_text(ratio: Any, lo: Any, hi: Any) -> str:
     return f"{ratio:.2f}" + ("" if _na(lo) or _na(hi) else f" [{lo:.2f}, {hi:.2f}]")
 
 
-def vs_markdown(run: Run, vs: pd.DataFrame, wide: bool = True) -> list[str]:
+def vs_markdown(run: Run, vs: pd.DataFrame, wide: bool = True,
+                alone: list[dict[str, Any]] | None = None) -> list[str]:
     """The DDTree-against-DFlash view in markdown: per table group one table, a row per DDTree config and a
-    ratio column per DFlash config; nothing at all when the run has no such group. Not `wide`: fits WIDTH
+    ratio column per DFlash config, then the DFlash configs with no DDTree beside them (`alone`: which engine
+    measured them); nothing at all when the run has no DFlash config. Not `wide`: fits WIDTH
     columns."""
-    if vs.empty:
+    alone = dflash_alone(run) if alone is None else alone
+    if vs.empty and not alone:
         return []
+    if vs.empty:
+        return _alone_markdown(alone, wide)
     outcome_of = outcomes(run)
 
     def status_text(host: str, cid: str, status: Any) -> str:
@@ -195,6 +201,17 @@ def vs_markdown(run: Run, vs: pd.DataFrame, wide: bool = True) -> list[str]:
             row["status"] = status_text(first["host"], tid, first["ddtree_status"])
             rows.append(row)
         md += ["", *_table(rows, ["budget", "config_id"], wide)]
+    return md + (["", *_alone_markdown(alone, wide)[2:]] if alone else [])
+
+
+def _alone_markdown(alone: list[dict[str, Any]], wide: bool) -> list[str]:
+    """The DFlash configs measured with no DDTree config beside them: which, and which engine measured them."""
+    md = ["## DDTree budgets against DFlash", "",
+          *_text("No DDTree config was measured beside these DFlash configs (DDTree runs on SGLang with its patch); "
+                 "their rows are in the speedup table above, measured by:", wide)]
+    for a in alone:
+        engine = f"{a['engine']} {a['engine_version']}" if a.get("engine_version") else str(a["engine"])
+        md += _text(f"- {a['host']} `{a['config_id']}` (tp{a['tp']}): {engine}", wide)
     return md
 
 
@@ -370,7 +387,8 @@ def render(run: Run, df: pd.DataFrame, wide: bool = False) -> str:
             md += _text(f"- {r['host']} {r['config_id']} [{r['flags']}]: {r['checks']}", wide)
     for section in (pays_markdown(df, crossover.table(df), wide), pack_markdown(pack_check(run), wide),
                     cross_host_markdown(df, wide),
-                    vs_markdown(run, ddtree_vs_dflash(run, df), wide), timing_markdown(run, wide)):
+                    vs_markdown(run, ddtree_vs_dflash(run, df), wide, dflash_alone(run, df)),
+                    timing_markdown(run, wide)):
         if section:
             md += ["", *section]
     if run.problems:  # each whole on its line, for the file (and line) it names

@@ -230,14 +230,24 @@ def test_failed_dflash_config_keeps_its_column(tmp_path: Path) -> None:
         f"2.00 [{2 * math.exp(-HALF):.2f}, {2 * math.exp(HALF):.2f}]", "", "ok"]
 
 
-def test_no_ddtree_no_view(tmp_path: Path) -> None:
-    """A run with DFlash but no DDTree: no section in md, no CSV file (a stale one removed), an empty list in JSON."""
+def test_dflash_without_ddtree_is_named_with_its_engine(tmp_path: Path) -> None:
+    """A run with DFlash but no DDTree: no pair, no CSV file (an earlier one removed), an empty list in JSON; the
+    section names each DFlash config and the engine and version that measured it (its rows are the table's)."""
     run_dir = write_run(tmp_path, ddtree=[])
     (run_dir / VS_FILE).write_text(",".join(VS_COLUMNS) + "\n")  # an earlier report's (its header)
     run = load_run(run_dir)
     assert ddtree_vs_dflash(run).empty
-    assert "DDTree" not in render(run, "md")
-    assert json.loads(render(run, "json"))["ddtree_vs_dflash"] == []
+    md = render(run, "md")
+    section = md.split("## DDTree budgets against DFlash\n", 1)[1].split("\n## ", 1)[0]
+    assert "No DDTree config was measured beside these DFlash configs" in section
+    version = run.hosts[HOST]["engine"]["version"]
+    dflash = sorted({c.config_id for c in run.configs if c.config["method"] == "dflash"})
+    assert dflash and [line for line in section.splitlines() if line.startswith("- ")] == [
+        f"- {HOST} `{cid}` (tp1): sglang {version}" for cid in dflash]
+    doc = json.loads(render(run, "json"))
+    assert doc["ddtree_vs_dflash"] == []
+    assert [(a["config_id"], a["engine"], a["engine_version"]) for a in doc["dflash_without_ddtree"]] == [
+        (cid, "sglang", version) for cid in dflash]
     assert collector_main(["report", str(run_dir), "--write"]) == 0
     assert not (run_dir / VS_FILE).exists()
     assert (run_dir / "report.csv").is_file()
