@@ -183,9 +183,10 @@ def test_numbers_names_environment_and_limits_in_one_run(bench: Bench) -> None:
             "sweeps": [{"workloads": ["fib"]}]}],
     }
     out = assert_nothing_started(bench, bench.run(bad, timeout=120))
-    for line in ["bench_sampling.temperature: nan is not of type 'number'; allowed: a number >= 0 (a finite number)",
-                 "bench_timeouts.health_s: inf is not of type 'number'; allowed: a number > 0 and <= 604800 (a finite "
-                 "number)",
+    for line in ["bench_sampling.temperature: .nan (not a number) is not a finite number; allowed: a number >= 0 (a "
+                 "finite number)",
+                 "bench_timeouts.health_s: .inf (infinity) is not a finite number; allowed: a number > 0 and <= 604800 "
+                 "(a finite number)",
                  "bench_env: '1BAD' is not a valid environment variable name",
                  "bench_env: 'MY VAR' is not a valid environment variable name",
                  "bench_env: 'A=B' is not a valid environment variable name",
