@@ -1,19 +1,23 @@
-"""The controller (ansible-playbook and everything it forked) SIGKILLed at random points, 12 times in a
-row, then one run to the end: the suite on the host is never started twice, no request row is missing or
+"""The controller (ansible-playbook and everything it forked) SIGKILLed at 6 points of a run, one run after the
+other, then one run to the end: the suite on the host is never started twice, no request row is missing or
 duplicated, and the controller's results and tables equal the host's. The engine is the stand-in (tests/standin):
-the claim is the controller's, and its decode pace keeps the suite running across the kill window.
+the claim is the controller's, and its decode pace keeps the suite running across the first kills.
 
-The kill points are drawn with a seed printed by the test (set SPECFLEET_KILL_SEED to replay one); they
-spread over every step of a run: validation, the agent's start, following, pulling and the report."""
+A kill point is a task of the run and a moment after that task starts: one task drawn from each sixth of the run's
+tasks, in the run's order (so every step is hit however the draw falls: validation, the agent's start, following
+the running suite, pulling and the report), the moment up to a second later; the seed is printed
+(SPECFLEET_KILL_SEED replays one)."""
 from __future__ import annotations
 
 import json
 import os
 import random
+import selectors
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -21,37 +25,67 @@ from tests import playbook
 
 from .conftest import ROOT, Bench, reduced_matrix
 
-KILLS = 12
+KILLS = 6
+TASKS = 36  # about the tasks a run of this playbook on `local` prints; the kill points spread over them
 
 
-def test_controller_killed_at_random_points_twelve_times(bench: Bench, tmp_path: Path) -> None:
+def killed_in_task(proc: subprocess.Popen[str], task: int, after: float, deadline: float = 300) -> tuple[bool, str]:
+    """Follow the run's output until its `task`-th task starts, let it go on `after` seconds, then SIGKILL its
+    session. (True, output) when it was killed; (False, output) when it ended first."""
+    assert proc.stdout is not None
+    fd, out, tasks, end = proc.stdout.fileno(), b"", 0, time.monotonic() + deadline
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while tasks < task:
+            assert time.monotonic() < end, f"no task {task} within {deadline} s:\n{out.decode()[-3000:]}"
+            if not sel.select(timeout=1):
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:  # the run ended before its kill point
+                proc.wait(timeout=60)
+                return False, out.decode()
+            tasks += chunk.count(b"\nTASK [") + (not out and chunk.startswith(b"TASK ["))
+            out += chunk
+        stop = time.monotonic() + after
+        while (left := stop - time.monotonic()) > 0:
+            if sel.select(timeout=left):
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    proc.wait(timeout=60)
+                    return False, out.decode()
+                out += chunk
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    return True, out.decode()
+
+
+def test_controller_killed_at_six_points_of_a_run(bench: Bench, tmp_path: Path) -> None:
     run = "it-kills"
     seed = int(os.environ.get("SPECFLEET_KILL_SEED") or random.SystemRandom().randrange(1 << 30))
     print(f"SPECFLEET_KILL_SEED={seed}")
     rng = random.Random(seed)
     matrix = reduced_matrix([{"method": "autoregressive"}, {"method": "ngram", "num_speculative_tokens": 2}],
                             workloads=["fib"], max_tokens=[16], context_tokens=[0], concurrency=[1, 2])
-    extra = {**matrix, **bench.standin(STANDIN_STEP_S="0.05"), "run_id": run}  # ~10 s of suite between the kills
-    kills, finished_early, log = 0, 0, []
-    while True:
+    extra = {**matrix, **bench.standin(STANDIN_STEP_S="0.05"), "run_id": run}  # ~10 s of suite
+    width = TASKS / KILLS
+    points = [(1 + int((k + rng.random()) * width), rng.uniform(0, 1.0)) for k in range(KILLS)]
+    kills, log = 0, []
+    for task, after in points:
         proc = playbook.start(bench.args(extra), new_session=True)
-        if kills == KILLS:
-            out, _ = proc.communicate(timeout=900)
-            assert proc.returncode == 0, out[-4000:]
-            break
-        delay = rng.uniform(0.5, 18.0)
-        try:
-            out, _ = proc.communicate(timeout=delay)
-            finished_early += 1
+        killed, out = killed_in_task(proc, task, after)
+        kills += killed
+        names = [line for line in out.splitlines() if line.startswith("TASK [")]
+        if killed:
+            log.append(f"killed {after:.1f} s after task {task} began; last task shown: {names[-1].rstrip(' *') if names else 'startup'}")
+        else:
             assert proc.returncode == 0, out[-4000:]  # a run that was not killed completes
-            log.append(f"run ended before its kill at {delay:.1f} s")
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
-            kills += 1
-            tasks = [line for line in out.splitlines() if line.startswith("TASK [")]
-            log.append(f"killed at {delay:.1f} s in {tasks[-1].rstrip(' *') if tasks else 'startup'}")
+            log.append(f"run ended ({len(names)} tasks) before its kill in task {task}")
+    proc = playbook.start(bench.args(extra), new_session=True)
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out[-4000:]
+    log.append(f"the last run: {sum(line.startswith('TASK [') for line in out.splitlines())} tasks")
     print("\n".join(log))
+    assert kills >= KILLS - 1, log  # the runs are longer than their last sixth of tasks
 
     host = bench.host_run(run)
     events = [json.loads(line) for line in (host / "events.jsonl").read_text().splitlines()]
