@@ -76,7 +76,8 @@ def test_controller_killed_at_six_points_of_a_run(bench: Bench, tmp_path: Path) 
         kills += killed
         names = [line for line in out.splitlines() if line.startswith("TASK [")]
         if killed:
-            log.append(f"killed {after:.1f} s after task {task} began; last task shown: {names[-1].rstrip(' *') if names else 'startup'}")
+            shown = names[-1].rstrip(" *") if names else "startup"
+            log.append(f"killed {after:.1f} s after task {task} began; last task shown: {shown}")
         else:
             assert proc.returncode == 0, out[-4000:]  # a run that was not killed completes
             log.append(f"run ended ({len(names)} tasks) before its kill in task {task}")
