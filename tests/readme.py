@@ -1,9 +1,10 @@
 """The commands of README.md and of the docs/ pages it links, as a user types them: parsed from their `sh` blocks
 and run unchanged.
 
-The pages are read as one text: the README, then each page in the order the README first links it. A command runs
-in the repository root through bash, after every `. <file>` line that comes before it there (the README's
-virtualenv activation), with the shipped inventory, host_vars and group_vars. The only
+The pages are read as one text: the README, then each page in the order the README first links it (`commands(page)`
+gives one page's commands alone, e.g. `commands("docs/history.md")`). A command runs in the repository root through
+bash, after every `. <file>` line that comes before it in that text (the README's virtualenv activation), with the
+shipped inventory, host_vars and group_vars. The only
 thing a test fills in is what the README leaves to the reader: `<id>` and `<old-id>` (run ids the test made) and
 one of the alternatives `md|csv|json`; `[<id>]` is run with and without the id.
 """
@@ -25,15 +26,25 @@ def pages() -> list[Path]:
     return [README, *(ROOT / name for name in dict.fromkeys(linked))]
 
 
-def text() -> str:
-    """The README and its docs/ pages as one text (for a test that checks what they say)."""
-    return "\n".join(page.read_text() for page in pages())
+def page_path(page: str | Path) -> Path:
+    """One of the pages, named by its path from the repository root (`"README.md"`, `"docs/history.md"`)."""
+    path = (ROOT / page).resolve()
+    assert path in pages(), f"not the README or a docs/ page it links: {page}"
+    return path
 
 
-def readme_lines() -> list[str]:
-    """Every command line of the pages' `sh` blocks, comments and continuation comments removed, in order."""
+def text(page: str | Path | None = None) -> str:
+    """The README and its docs/ pages as one text (for a test that checks what they say); with `page`, that page."""
+    if page is not None:
+        return page_path(page).read_text()
+    return "\n".join(path.read_text() for path in pages())
+
+
+def readme_lines(page: str | Path | None = None) -> list[str]:
+    """Every command line of the pages' `sh` blocks (with `page`, of that page's), comments and continuation
+    comments removed, in order."""
     out: list[str] = []
-    for block in re.findall(r"^```sh\n(.*?)^```", text(), re.M | re.S):
+    for block in re.findall(r"^```sh\n(.*?)^```", text(page), re.M | re.S):
         for raw in block.splitlines():
             line = raw.split(" #", 1)[0].strip() if not raw.lstrip().startswith("#") else ""
             if line:
@@ -41,10 +52,12 @@ def readme_lines() -> list[str]:
     return out
 
 
-def commands() -> list[str]:
-    """The commands of the README and its pages (one that appears twice is one command), sourcing lines included."""
+def commands(page: str | Path | None = None) -> list[str]:
+    """The commands of the README and its pages (one that appears twice is one command), sourcing lines included;
+    with `page` (e.g. `"docs/history.md"`), that page's commands alone, in its order. Each runs as typed with `typed`,
+    after the sourcing lines that come before it in the whole text."""
     seen: list[str] = []
-    for line in readme_lines():
+    for line in readme_lines(page):
         if line not in seen:
             seen.append(line)
     return seen

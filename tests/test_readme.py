@@ -45,6 +45,12 @@ COVERED: dict[str, list[str]] = {
     "ansible-playbook playbooks/recover.yml -l ct200": [
         "tests/playbooks/test_readme_local.py::test_provisioning_unreachable_ct200_stops_at_once",
         "tests/playbooks/test_provision_hosts.py::test_recover_after_a_reboot_of_the_proxmox_host"],
+    # several hosts: the README's test-hosts block
+    "make testhosts": ["tests/playbooks/conftest.py::testhosts"],
+    "ansible-playbook playbooks/engine.yml -l testhosts": ["tests/playbooks/conftest.py::testhosts"],
+    "ansible-playbook bench.yml -l testhosts": ["tests/playbooks/test_testhosts_suite.py::two_host_run"],
+    "specfleet pull -l testhosts [<id>]": [
+        "tests/playbooks/test_testhosts_suite.py::test_collector_pull_fetches_a_run"],
     # the history store: `specfleet db`, `specfleet history ...` and each `specfleet db --sql "..."` example
     **{cmd: ["tests/playbooks/test_readme_local.py::"
              "test_history_of_the_demo_its_forced_rerun_and_a_run_with_a_changed_engine_flag"]
@@ -55,11 +61,6 @@ COVERED: dict[str, list[str]] = {
         "tests/roles/test_playbook_tags.py::test_list_tags_as_typed_lists_every_phase_of_provisioning"],
     "ansible-playbook playbooks/provision.yml -l ct200 --tags sglang_patches": [
         "tests/roles/test_playbook_tags.py::test_one_phase_as_typed_on_unreachable_ct200_stops_at_once"],
-    "make testhosts": ["tests/playbooks/conftest.py::testhosts"],
-    "ansible-playbook playbooks/engine.yml -l testhosts": ["tests/playbooks/conftest.py::testhosts"],
-    "ansible-playbook bench.yml -l testhosts": ["tests/playbooks/test_testhosts_suite.py::two_host_run"],
-    "specfleet pull -l testhosts [<id>]": [
-        "tests/playbooks/test_testhosts_suite.py::test_collector_pull_fetches_a_run"],
 }
 
 

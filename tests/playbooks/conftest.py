@@ -126,7 +126,7 @@ def module_bench() -> Iterator[Bench]:
 
 @pytest.fixture(scope="session")
 def testhosts() -> Iterator[TestHosts]:
-    """The test-hosts block of docs/several-hosts.md as typed, once for every test that uses th1 and th2:
+    """The test-hosts block of the README as typed, once for every test that uses th1 and th2:
     `make testhosts`, then the engine role twice (the second run changes nothing); `make testhosts-down` at the end."""
     if not (WHEELHOUSE / ".complete").exists():
         pytest.fail("the offline wheelhouse is missing: run `make wheelhouse` first")

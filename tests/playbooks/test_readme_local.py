@@ -375,7 +375,7 @@ FLAG_ARGS = ["--dtype", "bfloat16", "--max-model-len", "1024", "--enforce-eager"
 FLAG_PHASES = [{"name": "tp1", "tp": 1, "configs": [{"method": "autoregressive"},
                                                    {"method": "ngram", "num_speculative_tokens": 2}],
                 "sweeps": [{"name": "short", "workloads": ["fib"], "max_tokens": [128], "context_tokens": [0]}]}]
-SQL = [c for c in commands() if c.startswith('specfleet db --sql ')]  # the README's examples, as typed
+SQL = [c for c in commands("docs/history.md") if c.startswith('specfleet db --sql ')]  # its examples, as typed
 
 
 def _md_rows(text: str, heading: str) -> list[list[str]]:

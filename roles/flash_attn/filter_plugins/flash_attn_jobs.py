@@ -6,7 +6,7 @@ files are the limits the kernel enforces. The role's probe prints one `<path>\\t
 cgroup file it could read (cgroup v2 from this process's cgroup up to the root, v1 controllers the
 same way) plus `nproc` and `MemTotal_kB` lines; `flash_attn_limits` takes the smallest limit of each
 kind, and `flash_attn_max_jobs` turns it into MAX_JOBS. Pure functions, unit-tested in
-tests/unit/test_flash_attn_jobs.py.
+tests/roles/test_flash_attn_jobs.py.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Role-local filters of the nvidia_userspace role: which driver userspace a container holds, and which
 kernel-side or CUDA metapackages must never be in one. Pure functions, unit-tested in
-tests/unit/test_nvidia_userspace_filters.py.
+tests/roles/test_nvidia_userspace_filters.py.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Test-only aggregate callback: writes every task result of a run to the JSON file named by the
 RECORD_RESULTS environment variable, so tests can inspect what each task did (status, role, msg, facts) while
-stdout keeps the default human output. Enabled by tests/unit/test_container_roles_render.py and
-tests/integration/test_provision_hosts.py through ANSIBLE_CALLBACK_PLUGINS and ANSIBLE_CALLBACKS_ENABLED.
+stdout keeps the default human output. Enabled by tests/roles/test_container_roles_render.py and
+tests/playbooks/test_provision_hosts.py through ANSIBLE_CALLBACK_PLUGINS and ANSIBLE_CALLBACKS_ENABLED.
 """
 from __future__ import annotations
 
