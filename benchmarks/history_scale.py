@@ -112,7 +112,7 @@ PEER = """
 import multiprocessing, sys
 from pathlib import Path
 from collector.load import load_run
-from collector.tables import table
+from collector.tables.speedup import table
 def one(d):
     return len(table(load_run(Path(d), parallel=False)))
 runs = sorted(str(p) for p in Path(sys.argv[1]).iterdir() if p.is_dir())

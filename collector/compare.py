@@ -10,18 +10,18 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
-from agent import records
-
 from . import crossover
 from .environment import differences
-from .load import Run, Summary, load_run
+from .load import load_run
 from .mdtable import pipe_rows
-from .outputs.markdown import _cell_text, _ratio_text, _tok_text
-from .tables import _ratio, _records, _significant, table
+from .results import Run
+from .stats import Summary, significant, summary_ratio_ci
+from .tables import row_dicts
+from .tables.speedup import table
 from .views import budget_key, cell_text, fit_rows, outcomes, wrap
-from .views import na as _na
+from .vocab import CELL, cell_words, na, ratio_words, tok_words
 
-KEY = ("host", "config_id", *records.CELL)  # a cell of one run matches the cell of the other with the same key
+KEY = ("host", "config_id", *CELL)  # a cell of one run matches the cell of the other with the same key
 # A cell's verdict, as the JSON gives it; the text says it in words (Comparison.words).
 VERDICTS = ("regressed", "improved", "slower_within_threshold", "faster_within_threshold", "not_significant",
             "no_interval", "not_ok", "only_a", "only_b")
@@ -66,7 +66,7 @@ class Cell:
 
     def cell(self) -> str:
         """`fib, 128 tok`: the cell in words."""
-        return _cell_text({k: getattr(self, k) for k in records.CELL})
+        return cell_words({k: getattr(self, k) for k in CELL})
 
     def name(self) -> str:
         """`h1 tp1-dflash, fib, 128 tok`."""
@@ -188,7 +188,7 @@ class Comparison:
         groups: dict[tuple[Any, ...], list[Cell]] = {}
         for c in self.rows:
             if c.verdict not in ("not_ok", "only_a", "only_b"):
-                groups.setdefault((c.host, c.tp, *(getattr(c, k) for k in records.CELL)), []).append(c)
+                groups.setdefault((c.host, c.tp, *(getattr(c, k) for k in CELL)), []).append(c)
         md = ["", "## Cells both runs measured"] if groups else []
         for cells in groups.values():
             first = cells[0]
@@ -205,13 +205,13 @@ def _bullets(items: Iterable[str]) -> list[str]:
 
 
 def _ratio_of(c: Cell) -> str:
-    return _ratio_text(c.ratio, c.ci_low, c.ci_high)
+    return ratio_words(c.ratio, c.ci_low, c.ci_high)
 
 
 def _side_text(side: Optional[Side], unit: str = " tok/s") -> str:
     if side is None:
         return "-"
-    return _tok_text(side.tok_s_mean, side.tok_s_std, side.n, unit) or side.status
+    return tok_words(side.tok_s_mean, side.tok_s_std, side.n, unit) or side.status
 
 
 def _wide_row(c: Cell) -> dict[str, str]:
@@ -220,7 +220,7 @@ def _wide_row(c: Cell) -> dict[str, str]:
         return "" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))
 
     values = asdict(c)
-    row = {k: text(values[k]) for k in ("host", "engine", "model", "tp", *records.CELL, "config_id", "method",
+    row = {k: text(values[k]) for k in ("host", "engine", "model", "tp", *CELL, "config_id", "method",
                                          "method_params")}
     for label, side in (("a", c.a), ("b", c.b)):
         shown = asdict(side) if side else dict.fromkeys(f.name for f in fields(Side))
@@ -230,7 +230,7 @@ def _wide_row(c: Cell) -> dict[str, str]:
 
 def _plain(v: Any) -> Any:
     """A table value as JSON takes it: None for a missing one, Python int and float for numpy's."""
-    if _na(v):
+    if na(v):
         return None
     return v.item() if hasattr(v, "item") else v
 
@@ -240,7 +240,7 @@ def _sides(run: Run) -> dict[tuple[Any, ...], tuple[dict[str, Any], Side]]:
     mean tok/s, else its status in the words of views.cell_text (`failed: oom`, `no data`, `no ok request`)."""
     done = outcomes(run)
     out = {}
-    for values in _records(table(run)):
+    for values in row_dicts(table(run)):
         r = {k: _plain(v) for k, v in values.items()}
         ok = r["status"] == "ok" and r["tok_s_mean"] is not None
         status = "ok" if ok else cell_text(r, done.get((r["host"], r["config_id"])))
@@ -249,7 +249,7 @@ def _sides(run: Run) -> dict[tuple[Any, ...], tuple[dict[str, Any], Side]]:
 
 
 def _verdict(ratio: Optional[float], lo: Optional[float], hi: Optional[float], threshold: float) -> str:
-    sig = _significant(lo, hi)
+    sig = significant(lo, hi)
     if ratio is None or not sig:
         return "no_interval"
     if sig == "slower":
@@ -262,7 +262,7 @@ def _verdict(ratio: Optional[float], lo: Optional[float], hi: Optional[float], t
 def _order(row: dict[str, Any]) -> tuple[Any, ...]:
     """The report's order (host, tp, cell), then the methods' (views.budget_key: the baseline first, DDTree budgets
     by number)."""
-    cell = [(row[k] is None, row[k]) for k in ("host", "tp", *records.CELL)]
+    cell = [(row[k] is None, row[k]) for k in ("host", "tp", *CELL)]
     return (*cell, budget_key(row["method"], row["method_params"]), row["config_id"])
 
 
@@ -281,10 +281,10 @@ def compare(a: Run, b: Run, threshold: float = 0.05) -> Comparison:
         else:
             if side_a.tok_s_mean and side_b.tok_s_mean is not None:
                 ratio = side_b.tok_s_mean / side_a.tok_s_mean
-                lo, hi = _ratio(side_b.summary(), side_a.summary())
+                lo, hi = summary_ratio_ci(side_b.summary(), side_a.summary())
             verdict = _verdict(ratio, lo, hi, threshold)
         rows.append((_order(row), Cell(
-            **{k: row[k] for k in ("host", "engine", "model", "tp", *records.CELL, "config_id", "method",
+            **{k: row[k] for k in ("host", "engine", "model", "tp", *CELL, "config_id", "method",
                                    "method_params")},
             a=side_a, b=side_b, ratio=ratio, ci_low=lo, ci_high=hi, verdict=verdict)))
     rows.sort(key=lambda pair: pair[0])
@@ -296,7 +296,7 @@ def _crossovers(a: Run, b: Run) -> list[Moved]:
     """Each speculative config's crossovers in both runs (either run's where only one has it)."""
     def by_key(run: Run) -> dict[tuple[Any, ...], dict[str, Any]]:
         got = crossover.table(table(run))
-        return {tuple(_plain(r[k]) for k in (*crossover.GROUP, "axis", "config_id")): r for r in _records(got)
+        return {tuple(_plain(r[k]) for k in (*crossover.GROUP, "axis", "config_id")): r for r in row_dicts(got)
                 if r["method"] != "autoregressive"}
 
     side_a, side_b = by_key(a), by_key(b)
@@ -307,13 +307,13 @@ def _crossovers(a: Run, b: Run) -> list[Moved]:
         assert first is not None
         for what, prefix in (("throughput", ""), ("goodput", "goodput_")):
             texts = [r[f"{prefix}crossover_text"] if r is not None else None for r in (ra, rb)]
-            if all(_na(t) for t in texts):
+            if all(na(t) for t in texts):
                 continue
             move = crossover.moved(crossover.bounds(ra, prefix) if ra else None,
                                    crossover.bounds(rb, prefix) if rb else None)
             out.append(Moved(str(first["host"]), _plain(first["tp"]),
-                             _cell_text({**first, "concurrency": 1, "request_rate": None}), str(first["axis"]),
-                             str(first["config_id"]), what, *("-" if _na(t) else str(t) for t in texts), move))
+                             cell_words(first, leave_out="concurrency"), str(first["axis"]),
+                             str(first["config_id"]), what, *("-" if na(t) else str(t) for t in texts), move))
     return out
 
 

@@ -20,10 +20,10 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from . import tables
-from .views import na as _na
+from .tables import row_dicts
+from .vocab import CELL, na
 
-GROUP = ["host", "engine", "model", "tp", "workload", "max_tokens", "context_tokens"]
+GROUP = ["host", "engine", "model", "tp", *CELL[:3]]  # a cell without its load, on its host
 COLUMNS = GROUP + ["axis", "config_id", "method", "method_params", "loads", "load_min", "load_max", "best_speedup",
                    "best_at", "pays_at", "crossover", "crossover_low", "crossover_high", "crossover_kind",
                    "crossover_text", "goodput_crossover", "goodput_crossover_low", "goodput_crossover_high",
@@ -100,15 +100,16 @@ def crossing(points: Sequence[Point], axis: str) -> Crossing:
     low = loads[0] if lo_cross is None else lo_cross[1]
     hi_cross = _down(loads[i:], highs[i:])
     high = None if hi_cross is None else hi_cross[1]
-    text = f"{_num(at)} ({'≤ ' if lo_cross is None else ''}{_num(low)} to " \
-           f"{'beyond ' + load_text(loads[-1], axis) if high is None else _num(high)})"
+    text = f"{_load_number(at)} ({'≤ ' if lo_cross is None else ''}{_load_number(low)} to " \
+           f"{'beyond ' + load_text(loads[-1], axis) if high is None else _load_number(high)})"
     again = [p.load for p in got[i + 1:] if p.ratio is not None and p.ratio >= 1]
     if again:
         text += f"; pays again at {', '.join(load_text(x, axis) for x in again)}"
     return Crossing(at, low, high, text)
 
 
-def _num(x: Optional[float]) -> str:
+def _load_number(x: Optional[float]) -> str:
+    """A load the ratio crosses 1 at, to three significant digits; `?` when it is not known."""
     return "?" if x is None else ("inf" if math.isinf(x) else f"{x:.3g}")
 
 
@@ -136,12 +137,12 @@ def table(df: pd.DataFrame) -> pd.DataFrame:
     rows: list[dict[str, Any]] = []
     if df.empty:
         return pd.DataFrame(rows, columns=COLUMNS)
-    recs = tables._records(df)
+    recs = row_dicts(df)
     for axis in AXES:
         groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
         for r in recs:
-            open_loop = not _na(r["request_rate"])
-            if open_loop != (axis == "request_rate") or _na(r["config_id"]) or _na(r[axis]):
+            open_loop = not na(r["request_rate"])
+            if open_loop != (axis == "request_rate") or na(r["config_id"]) or na(r[axis]):
                 continue
             groups.setdefault((*(r[k] for k in GROUP), r["config_id"]), []).append(r)
         for (*group, cid), members in groups.items():
@@ -219,11 +220,11 @@ def bounds(row: dict[str, Any], prefix: str = "") -> Optional[tuple[float, float
     if kind == "crosses":
         at = row[f"{prefix}crossover"]
         low, high = row[f"{prefix}crossover_low"], row[f"{prefix}crossover_high"]
-        at = low if _na(at) else at  # between a finite load and "all at once": its finite side
-        return (float(at), float(lo_load if _na(low) else low), math.inf if _na(high) else float(high))
-    if kind == "everywhere" and not _na(hi_load):
+        at = low if na(at) else at  # between a finite load and "all at once": its finite side
+        return (float(at), float(lo_load if na(low) else low), math.inf if na(high) else float(high))
+    if kind == "everywhere" and not na(hi_load):
         return (float(hi_load), float(hi_load), math.inf)
-    if kind == "never" and not _na(lo_load):
+    if kind == "never" and not na(lo_load):
         return (float(lo_load), 0.0, float(lo_load))
     return None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from .load import Run
+from .results import Run
 
 COMMIT_CHARS = 12  # a commit is shown by its first characters
 HASH_CHARS = 8  # a patch's sha256 likewise

@@ -1,12 +1,16 @@
-"""`specfleet history`: per cell (host, config, workload, max_tokens, context, load) its figures over the runs in the
-history store (collector.store): tok/s, speedup and acceptance length, each with its run's 95% interval; what
-changed since the cell's previous run (the host's environment: engine build, driver, GPUs, specfleet; the config:
-its server arguments, environment, method parameters); and which figures fell outside the spread of the previous
-runs. Worked out in one SQL query (DuckDB's window functions), without pandas, so that it answers at once.
+"""`specfleet history` and `specfleet db --sql`: the history store's answers (collector.store keeps the database).
+
+Per cell (host, config, workload, max_tokens, context, load) its figures over the runs in the store: tok/s, speedup
+and acceptance length, each with its run's 95% interval; what changed since the cell's previous run (the host's
+environment: engine build, driver, GPUs, specfleet; the config: its server arguments, environment, method
+parameters); and which figures fell outside the spread of the previous runs. Worked out in one SQL query (DuckDB's
+window functions), without pandas, so that it answers at once.
 
 The spread of the previous N runs of a cell is the band from the lowest to the highest of their 95% intervals (their
 means, where a run has no interval); a figure is outside when its own interval lies wholly below or above that band.
-A cell needs MIN_PREVIOUS earlier measured runs before any of its figures is judged."""
+A cell needs MIN_PREVIOUS earlier measured runs before any of its figures is judged.
+
+`answer` gives any query's rows as a markdown table, CSV or JSON."""
 from __future__ import annotations
 
 import csv
@@ -16,12 +20,16 @@ import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
+
+from .mdtable import plain_rows
+from .store import Busy, Unusable, connect
+from .vocab import CELL, cell_words, finite
 
 WINDOW = 5  # the previous runs whose spread a run is judged against
 MIN_PREVIOUS = 2
 LAST = 10  # runs shown per cell, the newest
-SERIES = ["host", "config_id", "workload", "max_tokens", "context_tokens", "concurrency", "request_rate"]
+SERIES = ["host", "config_id", *CELL]
 # (name, what the table calls it, its interval's columns)
 FIGURES = [("tok_s", "tok_s_mean", "tok_s_ci_low", "tok_s_ci_high", "tok/s"),
            ("speedup", "speedup", "speedup_ci_low", "speedup_ci_high", "speedup"),
@@ -114,20 +122,16 @@ def query(con: Any, f: Filters) -> list[dict[str, Any]]:
 # What a point says: figures outside the spread, and what changed since the previous run
 # ---------------------------------------------------------------------------------------------------------------
 
-def _finite(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def outside(p: dict[str, Any]) -> list[str]:
     """`tok/s below`, `speedup above`: each figure whose interval lies wholly outside the spread of the previous
     runs (at least MIN_PREVIOUS measured ones)."""
     out = []
     for name, mean, lo, hi, label in FIGURES:
         m = p[mean]
-        if not _finite(m) or (p[f"{name}_prev_n"] or 0) < MIN_PREVIOUS:
+        if not finite(m) or (p[f"{name}_prev_n"] or 0) < MIN_PREVIOUS:
             continue
-        low = p[lo] if _finite(p[lo]) else m
-        high = p[hi] if _finite(p[hi]) else m
+        low = p[lo] if finite(p[lo]) else m
+        high = p[hi] if finite(p[hi]) else m
         if high < p[f"{name}_band_low"]:
             out.append(f"{label} below")
         elif low > p[f"{name}_band_high"]:
@@ -222,31 +226,12 @@ def changes(p: dict[str, Any]) -> list[str]:
 # Output
 # ---------------------------------------------------------------------------------------------------------------
 
-def cell_words(p: dict[str, Any]) -> str:
-    """`fib, 128 tok, ctx 512, c4` / `8 req/s` / `all at once`: a cell in words, as the report writes it."""
-    parts = [str(p["workload"])]
-    if p["max_tokens"] is not None:
-        parts.append(f"{p['max_tokens']} tok")
-    if p["context_tokens"]:
-        parts.append(f"ctx {p['context_tokens']}")
-    rate, c = p["request_rate"], p["concurrency"]
-    if rate is not None and not (isinstance(rate, float) and math.isnan(rate)):
-        parts.append("all at once" if rate == math.inf else f"{rate:g} req/s")
-    elif c not in (None, 1):
-        parts.append(f"c{c}")
-    return ", ".join(parts)
-
-
-def _value(v: Any, digits: int) -> str:
-    return f"{v:.{digits}f}" if _finite(v) else ""
-
-
 def _with_interval(p: dict[str, Any], mean: str, lo: str, hi: str, digits: int, suffix: str = "") -> str:
-    if not _finite(p[mean]):
+    if not finite(p[mean]):
         return ""
-    text = _value(p[mean], digits) + suffix
-    if _finite(p[lo]) and _finite(p[hi]):
-        text += f" ({_value(p[lo], digits)}–{_value(p[hi], digits)})"
+    text = f"{p[mean]:.{digits}f}{suffix}"
+    if finite(p[lo]) and finite(p[hi]):
+        text += f" ({p[lo]:.{digits}f}–{p[hi]:.{digits}f})"
     return text
 
 
@@ -281,7 +266,7 @@ def render_md(pts: list[dict[str, Any]], f: Filters) -> str:
                                                         "accept_length_ci_high", 2),
                   "outside spread": ", ".join(p["outside"]),
                   "changed since the previous run": "; ".join(p["changes"])} for p in rows]
-        out.append(pipe(table) + "\n")
+        out.append(plain_rows(table) + "\n")
     out.append(f"Outside the spread: the run's 95% interval lies wholly below or above every interval of the "
                f"previous {f.window} runs of the cell (judged from {MIN_PREVIOUS} earlier runs on).\n")
     return "\n".join(out)
@@ -291,15 +276,6 @@ def _when(v: Any) -> str:
     if isinstance(v, datetime):
         return v.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M")
     return "" if v is None else str(v)
-
-
-def pipe(rows: list[dict[str, str]]) -> str:
-    """A markdown pipe table of string cells, columns as wide as their widest cell."""
-    heads = list(rows[0])
-    widths = [max(len(h), *(len(r[h]) for r in rows)) for h in heads]
-    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
-    return "\n".join([line(heads), "|" + "|".join("-" * (w + 2) for w in widths) + "|",
-                      *(line([r[h] for h in heads]) for r in rows)])
 
 
 RECORD = [*SERIES, "method", "tp", "run_id", "measured_at", "status", "n", "config_digest",
@@ -325,19 +301,13 @@ def render(pts: list[dict[str, Any]], fmt: str, f: Filters) -> str:
     rows = [record(p) for p in pts]
     if fmt == "json":
         return json.dumps({"window": f.window, "min_previous": MIN_PREVIOUS, "points": rows}, indent=1) + "\n"
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, RECORD, lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        w.writerow({**r, "outside": "; ".join(r["outside"]), "changes": "; ".join(r["changes"])})
-    return buf.getvalue()
+    return _csv(RECORD, ([*(r[k] for k in RECORD[:-3]), "; ".join(r["outside"]), "; ".join(r["changes"]),
+                          r["previous_run"]] for r in rows))
 
 
 def for_run(db: Path, run_id: str, window: int = WINDOW) -> list[dict[str, Any]]:
     """The points of every cell the run measured, up to and including the run (for its report); empty when the
     store is missing or busy."""
-    from .store import Busy, Unusable, connect
-
     if not db.is_file():
         return []
     try:
@@ -348,3 +318,54 @@ def for_run(db: Path, run_id: str, window: int = WINDOW) -> list[dict[str, Any]]
         return points(con, Filters(run_id=run_id, last=0, window=window))
     finally:
         con.close()
+
+
+def _csv(names: list[str], rows: Iterable[Iterable[Any]]) -> str:
+    """A header and rows as CSV, None as an empty field."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(names)
+    w.writerows(["" if v is None else v for v in r] for r in rows)
+    return buf.getvalue()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Any query's answer
+# ---------------------------------------------------------------------------------------------------------------
+
+def _shown(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+def _plain(v: Any) -> Any:
+    """A value as JSON takes it: a non-finite float as null, "inf" or "-inf", what is no JSON scalar as its text."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    return v if v is None or isinstance(v, (bool, int, float, str)) else str(v)
+
+
+def answer(db: Path, query: str, fmt: str = "md") -> str:
+    """The answer to `query` from the store (opened read-only), as a markdown table, CSV or JSON. ValueError: the
+    query failed (DuckDB's message)."""
+    import duckdb
+
+    con = connect(db, read_only=True)
+    try:
+        cur = con.execute(query)
+        names = [d[0] for d in cur.description] if cur.description else []
+        rows = cur.fetchall() if names else []
+    except duckdb.Error as exc:
+        raise ValueError(str(exc).strip()) from None
+    finally:
+        con.close()
+    if fmt == "json":
+        return json.dumps([{n: _plain(v) for n, v in zip(names, r)} for r in rows], indent=1) + "\n"
+    if fmt == "csv":
+        return _csv(names, rows)
+    if not names:
+        return "(no rows)\n"
+    return plain_rows([dict(zip(names, map(_shown, r))) for r in rows] or [dict.fromkeys(names, "")]) + "\n"

@@ -1,18 +1,23 @@
-"""Markdown (pipe) tables: exactly what `DataFrame.to_markdown(index=False)` prints (tabulate's "pipe" format),
-worked out in one pass for the values the report's tables hold: strings, ints, floats, None, NaN and pd.NA.
-tabulate looks at every cell in several Python calls, which takes most of a second on a run of a few thousand
-table rows. Here the common shapes (an empty string, a plain integer or decimal number as text, an int, a
-float) take a short path whose result is tabulate's, by its rules; every other value goes through tabulate's
-own functions, and a table it would lay out differently (control characters, multi-line cells, wide
-characters) is left to tabulate whole."""
+"""Markdown (pipe) tables, in two layouts:
+- the report's (`pipe_table`, `pipe_rows`): exactly what `DataFrame.to_markdown(index=False)` prints (tabulate's
+  "pipe" format), worked out in one pass for the values the report's tables hold: strings, ints, floats, None, NaN
+  and pd.NA. tabulate looks at every cell in several Python calls, which takes most of a second on a run of a few
+  thousand table rows. Here the common shapes (an empty string, a plain integer or decimal number as text, an int,
+  a float) take a short path whose result is tabulate's, by its rules; every other value goes through tabulate's
+  own functions, and a table it would lay out differently (control characters, multi-line cells, wide characters)
+  is left to tabulate whole;
+- the history's and `--sql`'s (`plain_rows`): every cell as given, left-aligned, without alignment marks.
+pandas loads only with a table that holds more than strings (a frame's, which brings it)."""
 from __future__ import annotations
 
+import functools
 import re
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import numpy as np
-import pandas as pd
 import tabulate as tb
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 _NONE = type(None)
 _RANK = {_NONE: 0, bool: 1, int: 2, float: 3, bytes: 4, str: 5}  # tabulate._more_generic's order
@@ -71,7 +76,13 @@ def _afterpoint(s: str) -> int:
     return tb._afterpoint(s)
 
 
-_CELLS = (str, int, float, _NONE, type(pd.NA), np.float64, np.int64)
+@functools.cache
+def _cells() -> tuple[type, ...]:
+    """The kinds of cells laid out here: those of a frame's values."""
+    import numpy as np
+    import pandas as pd
+
+    return (str, int, float, _NONE, type(pd.NA), np.float64, np.int64)
 
 
 def _plain(headers: list[Any], columns: list[list[Any]]) -> bool:
@@ -85,7 +96,7 @@ def _plain(headers: list[Any], columns: list[list[Any]]) -> bool:
             t = type(v)
             if t is str:
                 text.append(v)
-            elif t not in _CELLS:
+            elif t not in _cells():
                 return False
     joined = " ".join(text)
     if _AWKWARD.search(joined):
@@ -106,12 +117,29 @@ def pipe_rows(rows: list[dict[str, str]]) -> str:
     """`pd.DataFrame(rows).to_markdown(index=False)` for rows of strings that all have the same keys in the
     same order, without building the frame."""
     headers = list(rows[0]) if rows else []
-    if not rows or any(list(r) != headers for r in rows) or any(type(v) is not str for r in rows for v in r.values()):
-        return pd.DataFrame(rows).to_markdown(index=False)
-    columns = [[r[h] for r in rows] for h in headers]
-    if not _plain(headers, columns):
+    plain = bool(rows) and all(list(r) == headers and all(type(v) is str for v in r.values()) for r in rows)
+    columns = [[r[h] for r in rows] for h in headers] if plain else []
+    if not plain or not _plain(headers, columns):
+        import pandas as pd
+
         return pd.DataFrame(rows).to_markdown(index=False)
     return _layout(headers, columns, "g")
+
+
+def plain_rows(rows: list[dict[str, str]]) -> str:
+    """A pipe table of string cells, the keys of the first row as its header: every cell as given, left-aligned,
+    each column as wide as its widest cell, and a rule of dashes without alignment marks."""
+    heads = list(rows[0])
+    widths = [max(len(h), *(len(r[h]) for r in rows)) for h in heads]
+    return "\n".join(_lines([[c.ljust(w) for c, w in zip(cells, widths)]
+                             for cells in [heads, *([r[h] for h in heads] for r in rows)]],
+                            "|" + "|".join("-" * (w + 2) for w in widths) + "|"))
+
+
+def _lines(rows: list[list[str]], rule: str) -> list[str]:
+    """The lines of a pipe table of cells already padded: the first row, the rule, then the others."""
+    lines = ["| " + " | ".join(cells) + " |" for cells in rows]
+    return [lines[0], rule, *lines[1:]]
 
 
 def _layout(headers: list[str], columns: list[list[Any]], floatfmt: str) -> str:
@@ -138,7 +166,5 @@ def _layout(headers: list[str], columns: list[list[Any]], floatfmt: str) -> str:
         out_cols.append([pad(s, width) for s in text])
         aligns.append((align, width))
     head = [h.ljust(w) if a == "left" else h.rjust(w) for h, (a, w) in zip(headers, aligns)]
-    rule = "|".join((":" + "-" * (w + 1)) if a == "left" else ("-" * (w + 1) + ":") for a, w in aligns)
-    lines = ["| " + " | ".join(head) + " |", "|" + rule + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in zip(*out_cols)]
-    return "\n".join(line.rstrip() for line in lines)
+    rule = "|" + "|".join((":" + "-" * (w + 1)) if a == "left" else ("-" * (w + 1) + ":") for a, w in aligns) + "|"
+    return "\n".join(line.rstrip() for line in _lines([head, *(list(row) for row in zip(*out_cols))], rule))

@@ -8,10 +8,10 @@ from typing import Any, Optional
 from agent.store import write_atomic
 
 from . import PLOTS_DIR
-from .load import Run
 from .outputs import OUTPUTS, Context, by_name
 from .outputs.own import check_report
-from .tables import table
+from .results import Run
+from .tables.speedup import table
 
 
 def render(run: Run, fmt: str, wide: bool = False, folder: Optional[Path] = None,

@@ -2,7 +2,7 @@
 limits (`slo`), goodput, request throughput and, for an open-loop cell, the rate its client achieved and how late it
 sent.
 
-Definitions (README, Results):
+Definitions (docs/serving.md):
 - percentiles are numpy's linear interpolation over the ok requests, as vLLM's `bench serve` reports them;
 - a request meets the limits when it succeeded and is within every limit given: TTFT, TPOT, the longest wait
   between two stream chunks (`itl_ms`: under speculation a chunk carries a verify step's tokens, so a reader waits a
@@ -23,18 +23,13 @@ import numpy as np
 
 from agent.arrivals import achieved_rate
 
-from .stats import mean_std
+from .stats import Summary, summary
 
-Summary = tuple[int, Optional[float], Optional[float]]  # n, mean, sample std
 PCTS = (50, 90, 99)
 LATENCIES = ("ttft", "tpot", "e2e")  # the figures reported as percentiles
 LATE_S = 0.1  # an open-loop cell whose client sent a request more than this late (p99) is flagged behind_schedule
 ATTAINMENT = 0.9  # the share of a load's requests that must meet the limits, unless the slo says otherwise
 LIMITS = {"ttft_ms": "ttft", "tpot_ms": "tpot", "itl_ms": "gap", "e2e_ms": "e2e"}
-
-
-def _summary(xs: list[float]) -> Summary:
-    return (len(xs), *mean_std(xs))
 
 
 @dataclass
@@ -99,7 +94,7 @@ class Serving:
         """Σ weights per repetition over its span, for the repetitions with a span."""
         sums = np.bincount(self.rep, weights=weights, minlength=len(self.spans))
         keep = ~np.isnan(self.spans) & (self.spans > 0)
-        return _summary((sums[keep] / self.spans[keep]).tolist())
+        return summary((sums[keep] / self.spans[keep]).tolist())
 
     def goodput(self, slo: Mapping[str, Any]) -> tuple[Summary, Summary]:
         """Requests/s and output tok/s of the requests that met every limit, per repetition."""

@@ -1,10 +1,13 @@
-"""Statistics for the table: sample mean/std and a closed-form 95% interval for a ratio of means."""
+"""Statistics for the table: a sample's size, mean and std (`Summary`), a closed-form 95% interval for a ratio of
+means, and whether that interval lies above or below 1."""
 from __future__ import annotations
 
 import math
 from typing import Optional, Sequence
 
 MeanStd = tuple[Optional[float], Optional[float]]
+Summary = tuple[int, Optional[float], Optional[float]]  # n, mean, sample std (mean_std) of a sample
+NONE: Summary = (0, None, None)
 
 
 def mean_std(xs: Sequence[float]) -> MeanStd:
@@ -15,6 +18,11 @@ def mean_std(xs: Sequence[float]) -> MeanStd:
     if len(xs) < 2:
         return m, None
     return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def summary(xs: Sequence[float]) -> Summary:
+    """A sample's size, mean and sample std."""
+    return (len(xs), *mean_std(xs))
 
 
 def t_quantile(q: float, df: float) -> float:
@@ -47,3 +55,15 @@ def ratio_ci_of(a: MeanStd, na: int, b: MeanStd, nb: int,
     df = (va + vb) ** 2 / (va ** 2 / (na - 1) + vb ** 2 / (nb - 1))
     t = t_quantile(0.5 + level / 2, df)
     return ratio * math.exp(-t * se), ratio * math.exp(t * se)
+
+
+def summary_ratio_ci(a: Summary, b: Summary) -> tuple[float | None, float | None]:
+    """ratio_ci of two samples, from their summaries."""
+    return ratio_ci_of(a[1:], a[0], b[1:], b[0])
+
+
+def significant(lo: float | None, hi: float | None) -> str:
+    """Whether a ratio's interval lies above 1 (faster), below (slower) or spans it (no); blank without one."""
+    if lo is None or hi is None:
+        return ""
+    return "faster" if lo > 1 else ("slower" if hi < 1 else "no")

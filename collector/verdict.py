@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .load import Run
+    from .results import Run
 
 FAIL_ON = ("none_ok", "any", "never")
 

@@ -3,24 +3,21 @@ the rest), one row per cell with a column per method, and text laid out to fit a
 from __future__ import annotations
 
 import json
+import numbers
 import re
 import textwrap
 from typing import Any, Mapping, Optional
 
 import pandas as pd
 
-from .load import Run
 from .mdtable import pipe_rows
+from .results import ConfigResult, Run
+from .vocab import CELL, na
 
 AR = "AR"  # the baseline's column
-KEYS = ["host", "tp", "workload", "max_tokens", "context_tokens", "concurrency", "request_rate"]  # by_workload's row
+KEYS = ["host", "tp", *CELL]  # by_workload's row
 _RANK = {"autoregressive": 0, "dflash": 1, "ddtree": 2}  # every other method after these
 WIDTH = 120  # a terminal's columns
-
-
-def na(v: Any) -> bool:
-    """An empty table value: None, NaN or pandas' NA."""
-    return v is None or bool(pd.isna(v))
 
 
 def _params(method_params: str | Mapping[str, Any]) -> dict[str, Any]:
@@ -49,6 +46,29 @@ def budget_key(method: str, method_params: str | Mapping[str, Any]) -> tuple[int
     return rank, method == "ddtree" and b is None, b or 0, method if rank == len(_RANK) else "", params
 
 
+def config_order(tp: Any, method: Any, method_params: Any, config_id: str) -> tuple[Any, ...]:
+    """Where a config goes among a host's: by tp, then budget_key (DDTree budgets by number), then its id."""
+    tp = int(tp) if isinstance(tp, numbers.Integral) and not isinstance(tp, bool) else None
+    return tp is None, tp or 0, budget_key(str(method), method_params), config_id
+
+
+def config_result_order(c: ConfigResult) -> tuple[Any, ...]:
+    """config_order of a config's result."""
+    ident = c.identity()
+    return config_order(ident["tp"], ident["method"], ident["method_params"], c.config_id)
+
+
+def by_budget(df: pd.DataFrame) -> pd.DataFrame:
+    """The table's rows with each cell's configs in budget_key's order (DDTree budgets by number), the cells in
+    the table's order."""
+    if df.empty:
+        return df
+    cell = df.groupby(["host", "tp", *CELL], sort=False, dropna=False).ngroup().tolist()
+    keys = [budget_key(m, p) for m, p in zip(df["method"], df["method_params"])]
+    cids = df["config_id"].tolist()
+    return df.iloc[sorted(range(len(df)), key=lambda i: (cell[i], keys[i], cids[i]))].reset_index(drop=True)
+
+
 def method_label(row: Mapping[str, Any]) -> str:
     """A table row's method as its column is named: `AR` for the baseline, else the matrix's label of the config
     (its config_id without the `tp<N>-` of its phase: `dflash`, `dflash-nooverlap`, `ddtree-b8`), else the
@@ -63,15 +83,6 @@ def method_label(row: Mapping[str, Any]) -> str:
 def outcomes(run: Run) -> dict[tuple[str, str], str]:
     """(host, config_id) -> ok, failed or skipped, from each config's status.json."""
     return {(c.host, c.config_id): str(c.status.get("status")) for c in run.configs}
-
-
-def load_words(r: Mapping[str, Any]) -> str:
-    """A cell's load in words: `c4` (closed loop; empty at concurrency 1), `2 req/s`, `all at once` (open loop)."""
-    rate = r.get("request_rate")
-    if not na(rate):
-        return "all at once" if rate == float("inf") else f"{rate:g} req/s"
-    c = r.get("concurrency")
-    return "" if na(c) or c == 1 else f"c{c}"
 
 
 def cell_text(r: Mapping[str, Any], outcome: Optional[str] = None) -> str:
@@ -92,10 +103,10 @@ def cell_text(r: Mapping[str, Any], outcome: Optional[str] = None) -> str:
 
 
 def by_workload(df: pd.DataFrame, outcomes: Optional[Mapping[tuple[str, str], str]] = None) -> pd.DataFrame:
-    """The hand-run's view of `report.table(run)`: one row per host, tp and cell (KEYS), in the table's order, and
-    one column per method label, ordered by budget_key, each cell's `cell_text` (empty where the method does not
-    measure the cell). `outcomes` (views.outcomes(run)) names failed and skipped configs as their status.json
-    does."""
+    """The hand-run's view of `tables.speedup.table(run)`: one row per host, tp and cell (KEYS), in the table's
+    order, and one column per method label, ordered by budget_key, each cell's `cell_text` (empty where the method
+    does not measure the cell). `outcomes` (views.outcomes(run)) names failed and skipped configs as their
+    status.json does."""
     if df.empty:
         return pd.DataFrame(columns=KEYS)
     columns = list(df.columns)

@@ -17,6 +17,7 @@ from typing import Any, Iterable, Mapping
 from agent import pack, records, workloads
 from agent.engines import ENGINES, PORT, flag_at, flag_value, ngram_lookup
 from agent.secrets import PLACEHOLDER
+from collector.vocab import cell_words
 
 from . import estimate, settings
 from .names import LABEL_TEXT, label_problem
@@ -531,17 +532,11 @@ def open_loop_problems(suite: dict[str, Any], phase: dict[str, Any], where: str)
                 how = json.dumps({k: cell.get(k) for k in ("arrival", "requests", "seed", "slo")}, sort_keys=True)
                 first = seen.setdefault(key, (f"{where}.sweeps[{j}]", how))
                 if first[1] != how:
-                    out.append(f"{where}.sweeps[{j}]: measures cell {_cell_words(cell)} of {phase['name']}-"
+                    out.append(f"{where}.sweeps[{j}]: measures cell ({cell_words(cell)}) of {phase['name']}-"
                                f"{label(cfg)} as {first[0]} does, with other arrival, requests, seed or slo; "
                                f"allowed: one way per cell (give the cell to one sweep, or the same settings)")
                     return out
     return out
-
-
-def _cell_words(cell: Mapping[str, Any]) -> str:
-    load = (f"{cell['request_rate']} req/s" if cell.get("request_rate") is not None
-            else f"concurrency {cell['concurrency']}")
-    return f"({cell['workload']}, {cell['max_tokens']} tok, context {cell['context_tokens']}, {load})"
 
 
 def _cells(suite: dict[str, Any], sweep: dict[str, Any]) -> list[dict[str, Any]]:

@@ -54,8 +54,24 @@ def test_the_plugins_are_glue() -> None:
         assert imports(path) & {"controller", "agent"}, path
 
 
+def modules(path: Path) -> set[str]:
+    """The full names of the absolute imports of a module."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+    return names
+
+
 def test_the_controller_does_not_reach_the_collector() -> None:
     """Planning reads earlier results through the records' own stdlib reader (agent.records), not the report's
-    package (which brings pandas and numpy into every plan)."""
+    package (which brings pandas and numpy into every plan). Of the collector it takes the words of a cell alone
+    (collector.vocab), which need nothing but the standard library and the agent."""
     for path in sorted((ROOT / "controller").glob("*.py")):
-        assert not imports(path) & {"collector", "pandas", "numpy", "matplotlib"}, path.name
+        assert not imports(path) & {"pandas", "numpy", "matplotlib"}, path.name
+        assert {m for m in modules(path) if m.split(".")[0] == "collector"} <= {"collector.vocab"}, path.name
+    allowed = set(sys.stdlib_module_names) | {"__future__", "agent"}
+    for name in ("__init__.py", "vocab.py"):
+        assert imports(ROOT / "collector" / name) <= allowed, name

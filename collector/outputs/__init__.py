@@ -13,7 +13,7 @@ from .. import HTML_FILE, PACK_FILE, PLOTS_DIR, VS_FILE
 if TYPE_CHECKING:  # pandas loads with the outputs that render (own, which checks files, needs none of it)
     import pandas as pd
 
-    from ..load import Run
+    from ..results import Run
 
 
 @dataclass

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..load import Run
-from ..tables import ddtree_vs_dflash, pack_check
+from ..results import Run
+from ..tables.ddtree_vs_dflash import ddtree_vs_dflash
+from ..tables.pack_check import pack_check
 
 
 def render(run: Run, df: pd.DataFrame) -> str:
-    """The speedup table `df` (tables.table) as CSV, every column."""
+    """The speedup table `df` (tables.speedup.table) as CSV, every column."""
     return df.to_csv(index=False, float_format="%.4f")
 
 

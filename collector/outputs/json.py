@@ -1,5 +1,6 @@
 """report.json: the run's metadata, the speedup table's rows, where speculation pays (the crossovers), the spread
-across hosts, DDTree against DFlash, the pack checks and the problems met while reading the results."""
+across hosts, DDTree against DFlash, the pack checks, the time per config and the problems met while reading the
+results."""
 from __future__ import annotations
 
 import json
@@ -11,8 +12,11 @@ import pandas as pd
 from agent.records import INF
 
 from .. import crossover
-from ..load import Run
-from ..tables import cross_host, ddtree_vs_dflash, dflash_alone, pack_check
+from ..results import Run
+from ..tables.cross_host import cross_host
+from ..tables.ddtree_vs_dflash import ddtree_vs_dflash, dflash_alone
+from ..tables.pack_check import pack_check
+from ..tables.timing import timing
 
 
 def _rows(df: pd.DataFrame) -> list[dict[str, Any]]:
@@ -25,12 +29,13 @@ def _rows(df: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def render(run: Run, df: pd.DataFrame) -> str:
-    """The report as one JSON document, from the speedup table `df` (tables.table)."""
+    """The report as one JSON document, from the speedup table `df` (tables.speedup.table)."""
     return dumps_indented({"run": run.meta, "rows": _rows(df), "where_speculation_pays": _rows(crossover.table(df)),
                            "cross_host": _rows(cross_host(df)),
                            "ddtree_vs_dflash": _rows(ddtree_vs_dflash(run, df)),
                            "dflash_without_ddtree": dflash_alone(run, df),
-                           "baseline_alone_vs_packed": _rows(pack_check(run)), "problems": run.problems}) + "\n"
+                           "baseline_alone_vs_packed": _rows(pack_check(run)), "time_per_config": _rows(timing(run)),
+                           "problems": run.problems}) + "\n"
 
 
 _SCALARS = (str, int, float, bool, type(None))

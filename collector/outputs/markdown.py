@@ -7,39 +7,17 @@ from typing import Any
 
 import pandas as pd
 
-from agent import records
-
 from .. import crossover
 from ..environment import environment
-from ..load import Run
 from ..mdtable import pipe_rows, pipe_table
-from ..tables import (
-    CELL,
-    NO_OVERLAP_FLAG,
-    STARTUP_PHASES,
-    _order,
-    _records,
-    by_budget,
-    cross_host,
-    ddtree_vs_dflash,
-    dflash_alone,
-    pack_check,
-    timing,
-)
-from ..views import AR, KEYS, WIDTH, by_workload, fit_rows, load_words, outcomes, wrap
-from ..views import na as _na
-
-
-def _cell_text(k: dict[str, Any]) -> str:
-    """`fib, 128 tok, ctx 512, c4`: a cell in words."""
-    cell = [f"{k['workload'] if isinstance(k['workload'], str) else '(unknown cell)'}"]
-    if not _na(k["max_tokens"]):
-        cell.append(f"{k['max_tokens']} tok")
-    if not _na(k["context_tokens"]) and k["context_tokens"]:
-        cell.append(f"ctx {k['context_tokens']}")
-    if load_words(k):
-        cell.append(load_words(k))
-    return ", ".join(cell)
+from ..results import Run
+from ..tables import PAIR, row_dicts
+from ..tables.cross_host import cross_host
+from ..tables.ddtree_vs_dflash import NO_OVERLAP_FLAG, ddtree_vs_dflash, dflash_alone
+from ..tables.pack_check import pack_check
+from ..tables.timing import STARTUP_PHASES, WHAT, timing
+from ..views import AR, KEYS, WIDTH, by_budget, by_workload, config_order, fit_rows, outcomes, wrap
+from ..vocab import CELL, cell_words, fixed, load_words, na, ratio_words, tok_words
 
 
 def _text(text: str, wide: bool, indent: str = "") -> list[str]:
@@ -62,29 +40,23 @@ def pack_markdown(checked: pd.DataFrame, wide: bool = True) -> list[str]:
                  "configs run beside it on the other slots. Per cell: its tok/s alone and packed (mean ± sample std, "
                  "n) and packed ÷ alone with its 95% interval (as for the speedup). Below 1, running beside the others "
                  "slowed the baseline; the table's speedups are against the baseline measured alone.", wide), ""]
-    records_ = _records(checked)
-    for r in {(r["host"], r["pack_check_config_id"]): r for r in records_}.values():
+    found = row_dicts(checked)
+    for r in {(r["host"], r["pack_check_config_id"]): r for r in found}.values():
         near = r["beside"] or "no other config was in its timed requests at the same time"
         md += _text(f"- {r['host']} `{r['pack_check_config_id']}` (`{r['baseline_config_id']}` measured again), "
                     f"measuring beside: {near}", wide)
     rows = []
-    for r in records_:
-        rows.append({"host": str(r["host"]), "tp": "" if _na(r["tp"]) else str(r["tp"]), "cell": _cell_text(r),
+    for r in found:
+        rows.append({"host": str(r["host"]), "tp": "" if na(r["tp"]) else str(r["tp"]), "cell": cell_words(r),
                      "baseline": str(r["baseline_config_id"]),
-                     "alone tok/s": _tok_text(r["alone_tok_s_mean"], r["alone_tok_s_std"], r["alone_n"])
+                     "alone tok/s": tok_words(r["alone_tok_s_mean"], r["alone_tok_s_std"], r["alone_n"])
                      or str(r["alone_status"]),
-                     "packed tok/s": _tok_text(r["packed_tok_s_mean"], r["packed_tok_s_std"], r["packed_n"])
+                     "packed tok/s": tok_words(r["packed_tok_s_mean"], r["packed_tok_s_std"], r["packed_n"])
                      or str(r["packed_status"]),
-                     "packed ÷ alone": _ratio_text(r["packed_over_alone"], r["packed_over_alone_ci_low"],
+                     "packed ÷ alone": ratio_words(r["packed_over_alone"], r["packed_over_alone_ci_low"],
                                                    r["packed_over_alone_ci_high"]),
                      "significant": str(r["packed_over_alone_significant"])})
     return md + ["", *_table(rows, ["host", "tp", "cell"], wide)]
-
-
-def _fmt(v: Any, digits: int = 2) -> str:
-    if v is None or (isinstance(v, float) and pd.isna(v)):
-        return ""
-    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
 
 
 def hand_run_lines(df: pd.DataFrame) -> list[str]:
@@ -93,12 +65,12 @@ def hand_run_lines(df: pd.DataFrame) -> list[str]:
     lines = []
     several_lengths = len(set(df["max_tokens"].dropna())) > 1
     groups: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
-    for r in _records(df):
-        if not _na(r["host"]) and not _na(r["config_id"]):  # as groupby() leaves them out
+    for r in row_dicts(df):
+        if not na(r["host"]) and not na(r["config_id"]):  # as groupby() leaves them out
             groups.setdefault((r["host"], r["config_id"]), []).append(r)
     hosts = {h: i for i, h in enumerate(dict.fromkeys(h for h, _ in groups))}
     first = {key: g[0] for key, g in groups.items()}
-    for host, cid in sorted(groups, key=lambda k: (hosts[k[0]], _order(first[k]["tp"], first[k]["method"],
+    for host, cid in sorted(groups, key=lambda k: (hosts[k[0]], config_order(first[k]["tp"], first[k]["method"],
                                                                        first[k]["method_params"], k[1]))):
         g = groups[(host, cid)]
         lines.append(f"{host} {cid}:")
@@ -121,27 +93,15 @@ def hand_run_lines(df: pd.DataFrame) -> list[str]:
             if r["errors"]:
                 extra.append(f"{r['errors']} errors")
             if r["method"] != "autoregressive" and not pd.isna(r["speedup"]):
-                extra.append(f"{r['speedup']:.2f}x [{_fmt(r['speedup_ci_low'])}, {_fmt(r['speedup_ci_high'])}]")
+                extra.append(f"{r['speedup']:.2f}x [{fixed(r['speedup_ci_low'])}, {fixed(r['speedup_ci_high'])}]")
             if not pd.isna(r["accept_length_mean"]):
                 extra.append(f"accept {r['accept_length_mean']:.2f}")
-            if not _na(r["burst_tok_s_mean"]):
+            if not na(r["burst_tok_s_mean"]):
                 extra.append(f"burst {r['burst_tok_s_mean']:.1f} tok/s")
             if r["flags"]:
                 extra.append(f"[{r['flags']}]")
             lines.append(f"{text}  ({', '.join(extra)})")
     return lines
-
-
-def _tok_text(mean: Any, std: Any, n: Any, unit: str = "") -> str:
-    if _na(mean):
-        return ""
-    return f"{mean:.1f}{'' if _na(std) else f' ± {std:.1f}'}{unit} (n={n})"
-
-
-def _ratio_text(ratio: Any, lo: Any, hi: Any) -> str:
-    if _na(ratio):
-        return ""
-    return f"{ratio:.2f}" + ("" if _na(lo) or _na(hi) else f" [{lo:.2f}, {hi:.2f}]")
 
 
 def vs_markdown(run: Run, vs: pd.DataFrame, wide: bool = True,
@@ -169,20 +129,20 @@ def vs_markdown(run: Run, vs: pd.DataFrame, wide: bool = True,
                  f"(`{NO_OVERLAP_FLAG}` in its server arguments, or an SGLang build up to 0.5.13, which runs "
                  "DFlash without overlap always).", wide)]
     groups: dict[int, list[dict[str, Any]]] = {}
-    for g, r in zip(vs.groupby(CELL, sort=False, dropna=False).ngroup().tolist(), _records(vs)):
+    for g, r in zip(vs.groupby(PAIR, sort=False, dropna=False).ngroup().tolist(), row_dicts(vs)):
         groups.setdefault(g, []).append(r)  # numbered as they first appear
     for g in sorted(groups):
         k = groups[g][0]
         where = f" ({k['engine']}, {k['model']})" if several else ""
-        md += ["", f"### {k['host']} tp{k['tp']}: {_cell_text(k)}{where}", ""]
+        md += ["", f"### {k['host']} tp{k['tp']}: {cell_words(k)}{where}", ""]
         columns = {}
         for f in groups[g]:
             if f["dflash_config_id"] in columns:
                 continue
             same = f["same_path_as_ddtree"]
-            path = ("scheduling path unknown" if _na(same) else
+            path = ("scheduling path unknown" if na(same) else
                     "overlap off: same path as DDTree" if same else "overlap on")
-            shown = _tok_text(f["dflash_tok_s_mean"], f["dflash_tok_s_std"], f["dflash_n"], " tok/s")
+            shown = tok_words(f["dflash_tok_s_mean"], f["dflash_tok_s_std"], f["dflash_n"], " tok/s")
             shown = shown or status_text(f["host"], f["dflash_config_id"], f["dflash_status"])
             md += _text(f"- DFlash `{f['dflash_config_id']}`: {shown}; {path}", wide)
             columns[f["dflash_config_id"]] = f"÷ {f['dflash_config_id']}" + (" (same path)" if same is True else "")
@@ -192,11 +152,11 @@ def vs_markdown(run: Run, vs: pd.DataFrame, wide: bool = True,
         rows = []
         for tid, pairs in trees.items():
             first = pairs[0]
-            row = {"budget": "" if _na(first["budget"]) else str(first["budget"]), "config_id": tid,
-                   "tok/s": _tok_text(first["ddtree_tok_s_mean"], first["ddtree_tok_s_std"], first["ddtree_n"]),
-                   "speedup": _ratio_text(first["speedup"], first["speedup_ci_low"], first["speedup_ci_high"])}
+            row = {"budget": "" if na(first["budget"]) else str(first["budget"]), "config_id": tid,
+                   "tok/s": tok_words(first["ddtree_tok_s_mean"], first["ddtree_tok_s_std"], first["ddtree_n"]),
+                   "speedup": ratio_words(first["speedup"], first["speedup_ci_low"], first["speedup_ci_high"])}
             for pair in pairs:
-                row[columns[pair["dflash_config_id"]]] = _ratio_text(
+                row[columns[pair["dflash_config_id"]]] = ratio_words(
                     pair["ddtree_over_dflash"], pair["ddtree_over_dflash_ci_low"], pair["ddtree_over_dflash_ci_high"])
             row["status"] = status_text(first["host"], tid, first["ddtree_status"])
             rows.append(row)
@@ -216,7 +176,7 @@ def _alone_markdown(alone: list[dict[str, Any]], wide: bool) -> list[str]:
 
 
 def _ms(v: Any) -> str:
-    return "" if _na(v) else f"{v * 1000:.0f}"
+    return "" if na(v) else f"{v * 1000:.0f}"
 
 
 def pays_markdown(df: pd.DataFrame, pays: pd.DataFrame, wide: bool) -> list[str]:
@@ -229,28 +189,28 @@ def pays_markdown(df: pd.DataFrame, pays: pd.DataFrame, wide: bool) -> list[str]
                  "throughput ratio to the baseline (output tok/s over all of a load's requests; 95% interval in the "
                  "load table below), the loads where it is above 1, and the crossover: the load where the ratio "
                  "falls below 1, interpolated linearly between the measured loads around it, with the loads where "
-                 "its interval's bounds cross 1 (README, Results). With latency limits, the same for goodput (the "
+                 "its interval's bounds cross 1 (docs/serving.md). With latency limits, the same for goodput (the "
                  "output tok/s of requests within every limit) and the highest load whose requests meet the limits "
                  "in the share asked.", wide)]
     for (host, tp), group in pays.groupby(["host", "tp"], sort=False, dropna=False):
         rows = []
-        for r in _records(group):
-            row = {"config": str(r["config_id"]), "cell": _cell_text({**r, "concurrency": 1, "request_rate": None}),
+        for r in row_dicts(group):
+            row = {"config": str(r["config_id"]), "cell": cell_words(r, leave_out="concurrency"),
                    "loads": str(r["loads"])}
             if r["method"] != "autoregressive":
-                row.update({"best": "" if _na(r["best_speedup"]) else f"{r['best_speedup']:.2f}x at {r['best_at']}",
+                row.update({"best": "" if na(r["best_speedup"]) else f"{r['best_speedup']:.2f}x at {r['best_at']}",
                             "pays at": str(r["pays_at"] or ""), "crossover": str(r["crossover_text"] or "")})
             else:
                 row.update({"best": "(baseline)", "pays at": "", "crossover": ""})
             if group["slo"].notna().any():
-                row["goodput crossover"] = "" if _na(r["goodput_crossover_text"]) else str(r["goodput_crossover_text"])
-                row["within limits up to"] = "" if _na(r["max_load_within_slo"]) else str(r["max_load_within_slo"])
-            if not _na(r["not_measured"]):
+                row["goodput crossover"] = "" if na(r["goodput_crossover_text"]) else str(r["goodput_crossover_text"])
+                row["within limits up to"] = "" if na(r["max_load_within_slo"]) else str(r["max_load_within_slo"])
+            if not na(r["not_measured"]):
                 row["not measured"] = str(r["not_measured"])
             rows.append(row)
         keys = ["config", "cell"]
         rows = [{k: r.get(k, "") for k in dict.fromkeys(k for r in rows for k in r)} for r in rows]
-        md += ["", f"### {host} tp{'?' if _na(tp) else tp}", "", *_table(rows, keys, wide)]
+        md += ["", f"### {host} tp{'?' if na(tp) else tp}", "", *_table(rows, keys, wide)]
         limits = sorted({str(x) for x in group["slo"].dropna()})
         if limits:
             md += ["", *_text("Latency limits: " + "; ".join(crossover.slo_text(x) for x in limits), wide)]
@@ -262,26 +222,26 @@ def pays_markdown(df: pd.DataFrame, pays: pd.DataFrame, wide: bool) -> list[str]
                   "ITL looks smooth while a reader waits a whole step between chunks, so the ITL limit is checked "
                   "against the longest wait between chunks.", wide), ""]
     swept = {(r["host"], r["tp"], r["workload"], r["max_tokens"], r["context_tokens"], r["config_id"], r["axis"])
-             for r in _records(pays)}
+             for r in row_dicts(pays)}
     rows = []
-    for r in _records(df):
-        axis = "concurrency" if _na(r["request_rate"]) else "request_rate"
+    for r in row_dicts(df):
+        axis = "concurrency" if na(r["request_rate"]) else "request_rate"
         if (r["host"], r["tp"], r["workload"], r["max_tokens"], r["context_tokens"], r["config_id"], axis) not in swept:
             continue
         one = r["concurrency"] == 1 and axis == "concurrency"
         tput, ratio = (r["tok_s_mean"], (r["speedup"], r["speedup_ci_low"], r["speedup_ci_high"])) if one else (
             r["burst_tok_s_mean"], (r["burst_speedup"], r["burst_speedup_ci_low"], r["burst_speedup_ci_high"]))
-        row = {"host": str(r["host"]), "tp": "" if _na(r["tp"]) else str(r["tp"]), "cell": _cell_text(r),
+        row = {"host": str(r["host"]), "tp": "" if na(r["tp"]) else str(r["tp"]), "cell": cell_words(r),
                "config": str(r["config_id"]),
-               "tok/s": "" if _na(tput) else f"{tput:.1f}" if r["status"] == "ok" else str(r["status"]),
-               "÷ baseline": "" if r["method"] == "autoregressive" else _ratio_text(*ratio),
+               "tok/s": "" if na(tput) else f"{tput:.1f}" if r["status"] == "ok" else str(r["status"]),
+               "÷ baseline": "" if r["method"] == "autoregressive" else ratio_words(*ratio),
                "TTFT p50/p90/p99": "/".join(_ms(r[f"ttft_p{q}_s"]) for q in (50, 90, 99)) if r["n"] else "",
                "TPOT p90": _ms(r["tpot_p90_s"]), "e2e p90": _ms(r["e2e_p90_s"])}
-        if not _na(r["request_rate"]):
-            row["achieved req/s"] = "" if _na(r["achieved_rate"]) else f"{r['achieved_rate']:.2f}"
-        if not _na(r["slo"]):
-            row["within limits"] = "" if _na(r["slo_met"]) else f"{r['slo_met'] * 100:.0f}%"
-            row["goodput tok/s"] = _fmt(r["goodput_tok_s"], 1)
+        if not na(r["request_rate"]):
+            row["achieved req/s"] = "" if na(r["achieved_rate"]) else f"{r['achieved_rate']:.2f}"
+        if not na(r["slo"]):
+            row["within limits"] = "" if na(r["slo_met"]) else f"{r['slo_met'] * 100:.0f}%"
+            row["goodput tok/s"] = fixed(r["goodput_tok_s"], 1)
         rows.append(row)
     columns = list(dict.fromkeys(k for r in rows for k in r))
     rows = [{k: r.get(k, "") for k in columns} for r in rows]
@@ -311,7 +271,7 @@ def methods_markdown(run: Run, df: pd.DataFrame, wide: bool) -> list[str]:
     view = by_workload(df, outcomes(run))
     labels = [c for c in view.columns if c not in KEYS]
     groups: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
-    for r in _records(view):
+    for r in row_dicts(view):
         groups.setdefault((r["host"], r["tp"]), []).append(r)
     if not groups:
         return []
@@ -319,8 +279,8 @@ def methods_markdown(run: Run, df: pd.DataFrame, wide: bool) -> list[str]:
                  f"its speedup over the autoregressive baseline ({AR}), or why there is no number.", wide)]
     for (host, tp), recs in groups.items():
         shown = [lab for lab in labels if any(r[lab] for r in recs)]
-        rows = [{"cell": _cell_text(r), **{lab: r[lab] for lab in shown}} for r in recs]
-        md += ["", f"### {host} tp{'?' if _na(tp) else tp}", "", *_table(rows, ["cell"], wide)]
+        rows = [{"cell": cell_words(r), **{lab: r[lab] for lab in shown}} for r in recs]
+        md += ["", f"### {host} tp{'?' if na(tp) else tp}", "", *_table(rows, ["cell"], wide)]
     return md
 
 
@@ -329,9 +289,9 @@ def full_markdown(df: pd.DataFrame) -> list[str]:
     shown = by_budget(df)
     for col in ("tok_s_mean", "tok_s_std", "speedup", "speedup_ci_low", "speedup_ci_high", "accept_length_mean",
                 "cv", "burst_tok_s_mean", "burst_speedup", "burst_speedup_ci_low", "burst_speedup_ci_high"):
-        shown[col] = shown[col].map(_fmt)
+        shown[col] = shown[col].map(fixed)
     for col in ("ttft_mean_s", "tpot_mean_s"):
-        shown[col] = shown[col].map(lambda v: _fmt(v, 3))
+        shown[col] = shown[col].map(lambda v: fixed(v, 3))
     return [pipe_table(shown.drop(columns=["engine", "model", "method", "method_params", "checks"]))]
 
 
@@ -342,47 +302,51 @@ def cross_host_markdown(df: pd.DataFrame, wide: bool) -> list[str]:
     if hosts.empty:
         return []
     first = df.drop_duplicates("config_id").set_index("config_id")
-    order = {cid: _order(r["tp"], r["method"], r["method_params"], str(cid)) for cid, r in first.iterrows()}
+    order = {cid: config_order(r["tp"], r["method"], r["method_params"], str(cid)) for cid, r in first.iterrows()}
     position = sorted(range(len(hosts)), key=lambda i: (order[hosts["config_id"].iat[i]], i))
     hosts = hosts.iloc[position].reset_index(drop=True)
     md = ["## Across hosts", ""]
     if wide:
         return md + [pipe_table(hosts, floatfmt=".2f")]
-    rows = [{"config_id": str(r["config_id"]), "cell": _cell_text(r),
-             **{k: _fmt(v) for k, v in r.items() if k not in ("config_id", *records.CELL)}} for r in _records(hosts)]
+    rows = [{"config_id": str(r["config_id"]), "cell": cell_words(r),
+             **{k: fixed(v) for k, v in r.items() if k not in ("config_id", *CELL)}} for r in row_dicts(hosts)]
     return md + _table(rows, ["config_id", "cell"], wide)
 
 
 def timing_markdown(run: Run, wide: bool) -> list[str]:
-    """timing(run) in markdown; nothing for a run without configs. Not `wide`: split by columns to fit WIDTH."""
+    """timing(run) in markdown, each time column defined above it (timing.WHAT); nothing for a run without configs.
+    Not `wide`: split by columns to fit WIDTH."""
     t = timing(run)
     if t.empty:
         return []
     md = ["## Time per config (seconds)", ""]
+    for column, what in WHAT.items():
+        md += _text(f"- {column}: {what}", wide)
+    md += ["", *_text("A blank: the config did not record it.", wide), ""]
     if any(c.endswith("_s") and c.split("_s")[0] in STARTUP_PHASES for c in t.columns):
         md += _text("Startup, from each server's log: the seconds from launch at which its weights were loaded "
                     "(weights_s), its model compiled (compile_s), its KV cache allocated (kv_cache_s) and its graphs "
-                    "captured (graphs_s); ready_s when it first answered its health check.", wide) + [""]
+                    "captured (graphs_s).", wide) + [""]
     if wide:
         return md + [pipe_table(t, floatfmt=".1f")]
-    rows = [{k: _fmt(v, 1) for k, v in r.items()} for r in _records(t)]
+    rows = [{k: fixed(v, 1) for k, v in r.items()} for r in row_dicts(t)]
     return md + _table(rows, ["host", "config_id"], wide)
 
 
 def render(run: Run, df: pd.DataFrame, wide: bool = False) -> str:
-    """The report in markdown from the speedup table `df` (tables.table): within WIDTH columns, its main table the
-    methods as columns per cell; `wide` adds the full table and lays every table out whole."""
+    """The report in markdown from the speedup table `df` (tables.speedup.table): within WIDTH columns, its main
+    table the methods as columns per cell; `wide` adds the full table and lays every table out whole."""
     seed = hand_run_lines(df)
     md = [f"# Run {run.meta.get('run_id', run.root.name)}", "", *environment_markdown(run, wide)]
     md += ["```", *(seed if wide else [part for line in seed for part in wrap(line, WIDTH)]), "```", ""]
     md += ["## Speedup vs the autoregressive baseline", "", *methods_markdown(run, df, wide)]
     if wide:
         md += ["", "## Every column", "", *full_markdown(df)]
-    checked = _records(df[df["checks"].astype(bool)].drop_duplicates(["host", "config_id"]))
+    checked = row_dicts(df[df["checks"].astype(bool)].drop_duplicates(["host", "config_id"]))
     if checked:
         packed = any("packed" in r["flags"].split(",") for r in checked)
         md += ["", "## Checks that did not pass" + (", and packing" if packed else ""), ""]
-        for r in sorted(checked, key=lambda r: (r["host"], _order(r["tp"], r["method"], r["method_params"],
+        for r in sorted(checked, key=lambda r: (r["host"], config_order(r["tp"], r["method"], r["method_params"],
                                                                   r["config_id"]))):
             md += _text(f"- {r['host']} {r['config_id']} [{r['flags']}]: {r['checks']}", wide)
     for section in (pays_markdown(df, crossover.table(df), wide), pack_markdown(pack_check(run), wide),

@@ -1,4 +1,4 @@
-"""The report's plots, drawn without a display (matplotlib's Agg) from the speedup table (tables.table) and, for
+"""The report's plots, drawn without a display (matplotlib's Agg) from the speedup table (tables.speedup.table) and, for
 the latency distributions, the request lines: one PNG and one SVG per figure, per host and tp.
 
 A failed or skipped config (or a value that cannot be had, such as a speedup without its baseline) is drawn as
@@ -6,38 +6,27 @@ a marked gap: an `x` at the foot of the axes with the reason beside it, never as
 single value is not written."""
 from __future__ import annotations
 
-import io
 import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from agent import records
-from agent.store import write_atomic
+from agent.records import cell_key
 
 from .. import crossover
-from ..load import Run
-from ..tables import DDTREE, DFLASH, _records, scheduling
-from ..views import budget, budget_key, load_words, method_label
-from ..views import na as _na
-from . import own
-
-FORMATS = ("png", "svg")
-GAP_Y = 0.04  # where a gap's marker sits, in axes coordinates: at the foot of the axes, never at a value
-PNG_DPI = 100
-MAX_WIDTH_IN = 30.0  # a figure grows with its bars up to this width (inches)
-PANEL_COLUMNS = 3
-PALETTE = [*matplotlib.colormaps["tab10"].colors, *matplotlib.colormaps["tab20"].colors[1::2]]
-RC = {"svg.fonttype": "none", "svg.hashsalt": "specfleet", "font.size": 9}  # SVG text stays text; ids stable
-NAN = float("nan")
+from ..results import Run
+from ..tables import row_dicts
+from ..tables.ddtree_vs_dflash import DDTREE, DFLASH, scheduling
+from ..views import budget, budget_key, method_label
+from ..vocab import CELL, cell_words, load_words, na, number
+from . import drawing, trend
+from .drawing import MAX_WIDTH_IN, NAN, Colors, figure, gap, legend
 
 
 @dataclass
@@ -67,33 +56,17 @@ class Panel:
     refs: list[Series] = field(default_factory=list)
 
 
-def _num(v: Any) -> float:
-    return NAN if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)) else float(v)
-
-
-def _finite(v: float) -> bool:
+def _known(v: float) -> bool:
     return not math.isnan(v)
 
 
 def _point(r: dict[str, Any], x: float, value: str, missing: str, interval: bool) -> Point:
     """The row's `value` at x, with the speedup's interval where `interval`; a gap with the config's status when
     it did not end ok, else `missing` when the value is empty."""
-    y = _num(r[value])
-    lo, hi = (_num(r["speedup_ci_low"]), _num(r["speedup_ci_high"])) if interval else (NAN, NAN)
-    gap = "" if _finite(y) else (missing if r["status"] == "ok" else str(r["status"]))
-    return Point(x, y, lo, hi, gap, str(r["config_id"]))
-
-
-def cell_title(cell: dict[str, Any], leave_out: str = "") -> str:
-    """`fib, 64 tok, ctx 512, c4`: a cell (records.CELL) in words, without the field `leave_out`."""
-    parts = [str(cell["workload"])]
-    if leave_out != "max_tokens" and not pd.isna(cell["max_tokens"]):
-        parts.append(f"{cell['max_tokens']} tok")
-    if leave_out != "context_tokens" and not pd.isna(cell["context_tokens"]) and cell["context_tokens"]:
-        parts.append(f"ctx {cell['context_tokens']}")
-    if leave_out != "concurrency" and load_words(cell):
-        parts.append(load_words(cell))
-    return ", ".join(parts)
+    y = number(r[value])
+    lo, hi = (number(r["speedup_ci_low"]), number(r["speedup_ci_high"])) if interval else (NAN, NAN)
+    why = "" if _known(y) else (missing if r["status"] == "ok" else str(r["status"]))
+    return Point(x, y, lo, hi, why, str(r["config_id"]))
 
 
 def _order(r: dict[str, Any]) -> tuple[Any, ...]:
@@ -112,55 +85,13 @@ def _configs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _cells(rows: list[dict[str, Any]]) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
     out: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in rows:
-        out.setdefault(records.cell_key(r), []).append(r)
+        out.setdefault(cell_key(r), []).append(r)
     return out
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Drawing
 # ---------------------------------------------------------------------------------------------------------------
-
-class Colors:
-    """A colour per label, the same in every panel of a figure."""
-
-    def __init__(self) -> None:
-        self.given: dict[str, Any] = {}
-
-    def __call__(self, label: str) -> Any:
-        return self.given.setdefault(label, PALETTE[len(self.given) % len(PALETTE)])
-
-
-def _gap(ax: Axes, x: float, reason: str, color: Any, gid: str) -> None:
-    """No value at data x: a dotted line across the axes, an `x` at its foot and the reason written upwards."""
-    where = ax.get_xaxis_transform()
-    ax.axvline(x, color=color, linestyle=":", linewidth=1, alpha=0.6, gid=f"{gid}-line")
-    ax.plot([x], [GAP_Y], marker="x", markersize=8, markeredgewidth=2, linestyle="none", color=color,
-            transform=where, gid=gid, clip_on=False)
-    ax.annotate(reason, (x, GAP_Y), xycoords=where, xytext=(4, 6), textcoords="offset points", rotation=90,
-                fontsize=7, color=color, gid=f"{gid}-reason")
-
-
-def _figure(panels: int, title: str, width: float = 4.6, height: float = 3.4) -> tuple[Figure, list[Axes]]:
-    cols = min(panels, PANEL_COLUMNS)
-    rows = math.ceil(panels / cols)
-    fig = Figure(figsize=(min(width * cols + 2.4, MAX_WIDTH_IN), height * rows + 0.6), layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = list(fig.subplots(rows, cols, squeeze=False).ravel())
-    for ax in axes[panels:]:
-        fig.delaxes(ax)
-    fig.suptitle(title)
-    return fig, axes[:panels]
-
-
-def _legend(fig: Figure, axes: list[Axes]) -> None:
-    """One legend for the figure, each label once, beside the panels."""
-    found: dict[str, Any] = {}
-    for ax in axes:
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            found.setdefault(label, handle)
-    if found:
-        fig.legend(list(found.values()), list(found), loc="outside right upper", fontsize=8)
-
 
 def _draw_series(ax: Axes, s: Series, color: Any, gid: str) -> None:
     pts = sorted(s.points, key=lambda p: p.x)
@@ -171,7 +102,7 @@ def _draw_series(ax: Axes, s: Series, color: Any, gid: str) -> None:
     ax.errorbar(x, y, yerr=err, marker="o", markersize=4, capsize=3, color=color, label=s.label)
     for p in pts:
         if p.gap:
-            _gap(ax, p.x, p.gap, color, f"{gid}-gap-{p.config_id}-at-{p.x:g}")
+            gap(ax, p.x, p.gap, color, f"{gid}-gap-{p.config_id}-at-{p.x:g}")
 
 
 def _draw_ref(ax: Axes, ref: Series, color: Any, gid: str) -> None:
@@ -183,12 +114,12 @@ def _draw_ref(ax: Axes, ref: Series, color: Any, gid: str) -> None:
                 gid=f"{gid}-gap-{p.config_id}")
         return
     ax.axhline(p.y, color=color, linestyle="--", linewidth=1.2, label=ref.label)
-    if _finite(p.lo) and _finite(p.hi):
+    if _known(p.lo) and _known(p.hi):
         ax.axhspan(p.lo, p.hi, color=color, alpha=0.12, linewidth=0)
 
 
 def _has_value(panels: list[Panel]) -> bool:
-    return any(_finite(p.y) for panel in panels for s in panel.series for p in s.points)
+    return any(_known(p.y) for panel in panels for s in panel.series for p in s.points)
 
 
 def _line_figure(panels: list[Panel], title: str, xlabel: str, ylabel: str, *, log2_x: bool = False,
@@ -196,7 +127,7 @@ def _line_figure(panels: list[Panel], title: str, xlabel: str, ylabel: str, *, l
     """Small multiples, one panel each; None when no series holds a value."""
     if not panels or not _has_value(panels):
         return None
-    fig, axes = _figure(len(panels), title)
+    fig, axes = figure(len(panels), title)
     colors = Colors()
     for k, (ax, panel) in enumerate(zip(axes, panels)):
         if baseline:
@@ -214,7 +145,7 @@ def _line_figure(panels: list[Panel], title: str, xlabel: str, ylabel: str, *, l
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
-    _legend(fig, axes)
+    legend(fig, axes)
     return fig
 
 
@@ -240,7 +171,7 @@ def _budget_panels(rows: list[dict[str, Any]], value: str, missing: str, interva
         points = [_point(r, float(b), value, missing, interval) for b, r in trees]
         refs = [Series(_dflash_label(r, paths), [_point(r, 0.0, value, missing, interval)])
                 for r in sorted((r for r in group if r["method"] == DFLASH), key=_order)]
-        panels.append(Panel(cell_title(group[0]), [Series("DDTree", points)], refs))
+        panels.append(Panel(cell_words(group[0]), [Series("DDTree", points)], refs))
     return panels
 
 
@@ -249,7 +180,7 @@ def _sweep_panels(rows: list[dict[str, Any]], axis: str) -> list[Panel]:
     config's speedup against it (configs measured at one value of it only are left out)."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in rows:
-        groups.setdefault(tuple(r[k] for k in records.CELL if k != axis), []).append(r)
+        groups.setdefault(tuple(r[k] for k in CELL if k != axis), []).append(r)
     panels = []
     for group in groups.values():
         if len({r[axis] for r in group}) < 2:
@@ -261,7 +192,7 @@ def _sweep_panels(rows: list[dict[str, Any]], axis: str) -> list[Panel]:
                 series.append(Series(method_label(first), [_point(r, float(r[axis]), "speedup", "no baseline", True)
                                                             for r in mine]))
         if series:
-            panels.append(Panel(cell_title(group[0], leave_out=axis), series))
+            panels.append(Panel(cell_words(group[0], leave_out=axis), series))
     return panels
 
 
@@ -269,10 +200,10 @@ def _bar_figure(rows: list[dict[str, Any]], title: str) -> Optional[Figure]:
     """tok/s (mean ± sample std) per config, grouped by cell."""
     cells = list(_cells(rows).items())
     configs = _configs(rows)
-    if not any(_finite(_num(r["tok_s_mean"])) for r in rows):
+    if not any(_known(number(r["tok_s_mean"])) for r in rows):
         return None
     width = 0.8 / len(configs)
-    fig, (ax,) = _figure(1, title, width=min(max(6.0, 0.3 * len(cells) * len(configs) + 2), MAX_WIDTH_IN - 2.4),
+    fig, (ax,) = figure(1, title, width=min(max(6.0, 0.3 * len(cells) * len(configs) + 2), MAX_WIDTH_IN - 2.4),
                          height=4.2)
     colors = Colors()
     for j, first in enumerate(configs):
@@ -286,19 +217,19 @@ def _bar_figure(rows: list[dict[str, Any]], title: str) -> Optional[Figure]:
             x = i - 0.4 + width * (j + 0.5)
             p = _point(r, x, "tok_s_mean", "no data", False)
             if p.gap:
-                _gap(ax, x, p.gap, color, f"p0-gap-{cid}-cell{i}")
+                gap(ax, x, p.gap, color, f"p0-gap-{cid}-cell{i}")
             else:
                 xs.append(x)
                 ys.append(p.y)
-                errs.append(np.nan_to_num(_num(r["tok_s_std"])))
+                errs.append(np.nan_to_num(number(r["tok_s_std"])))
         if xs:
             ax.bar(xs, ys, width=width, yerr=errs, capsize=2, color=color, label=label)
         else:  # only gaps: the legend shows its marker
             ax.plot([], [], marker="x", markeredgewidth=2, linestyle="none", color=color, label=label)
-    ax.set_xticks(range(len(cells)), [cell_title(group[0]) for _, group in cells], rotation=20, ha="right")
+    ax.set_xticks(range(len(cells)), [cell_words(group[0]) for _, group in cells], rotation=20, ha="right")
     ax.set_ylabel("output tok/s per request (mean ± std)")
     ax.grid(True, axis="y", alpha=0.3)
-    _legend(fig, [ax])
+    legend(fig, [ax])
     return fig
 
 
@@ -324,7 +255,7 @@ def _box_figure(configs: list[dict[str, Any]], values: dict[str, list[float]], t
     """One box per config, over its requests of every cell."""
     if not any(values.values()):
         return None
-    fig, (ax,) = _figure(1, title, width=max(6.0, 0.7 * len(configs) + 1), height=4.2)
+    fig, (ax,) = figure(1, title, width=max(6.0, 0.7 * len(configs) + 1), height=4.2)
     colors = Colors()
     shown = [(i, str(r["config_id"])) for i, r in enumerate(configs) if values[str(r["config_id"])]]
     parts = ax.boxplot([values[cid] for _, cid in shown], positions=[i for i, _ in shown], widths=0.6)
@@ -333,7 +264,7 @@ def _box_figure(configs: list[dict[str, Any]], values: dict[str, list[float]], t
     for i, r in enumerate(configs):
         if not values[str(r["config_id"])]:
             label = method_label(r)
-            _gap(ax, i, str(r["status"]) if r["status"] != "ok" else "no data", colors(label),
+            gap(ax, i, str(r["status"]) if r["status"] != "ok" else "no data", colors(label),
                  f"p0-gap-{r['config_id']}")
     ax.set_xticks(range(len(configs)), [method_label(r) for r in configs], rotation=20, ha="right")
     ax.set_ylabel(ylabel)
@@ -343,8 +274,8 @@ def _box_figure(configs: list[dict[str, Any]], values: dict[str, list[float]], t
 
 def _throughput(r: dict[str, Any]) -> float:
     """A load's throughput: output tok/s over all its requests (the requests' own at concurrency 1)."""
-    one = _na(r["request_rate"]) and r["concurrency"] == 1
-    return _num(r["tok_s_mean"] if one else r["burst_tok_s_mean"])
+    one = na(r["request_rate"]) and r["concurrency"] == 1
+    return number(r["tok_s_mean"] if one else r["burst_tok_s_mean"])
 
 
 def _pareto_figure(rows: list[dict[str, Any]], title: str) -> Optional[Figure]:
@@ -355,19 +286,19 @@ def _pareto_figure(rows: list[dict[str, Any]], title: str) -> Optional[Figure]:
     if pays.empty:
         return None
     groups = list(pays.groupby([*crossover.GROUP, "axis"], sort=False, dropna=False))
-    fig, axes = _figure(len(groups), title, width=5.2, height=3.8)
+    fig, axes = figure(len(groups), title, width=5.2, height=3.8)
     colors = Colors()
     drawn = False
     for k, (ax, (key, group)) in enumerate(zip(axes, groups)):
         axis = key[-1]
         cell = dict(zip(crossover.GROUP, key))
-        for first in sorted(_records(group), key=_order):
+        for first in sorted(row_dicts(group), key=_order):
             mine = sorted((r for r in rows if r["config_id"] == first["config_id"]
-                           and all(r[g] == cell[g] for g in ("workload", "max_tokens", "context_tokens"))
-                           and (not _na(r["request_rate"])) == (axis == "request_rate")),
+                           and all(r[g] == cell[g] for g in CELL[:3])
+                           and (not na(r["request_rate"])) == (axis == "request_rate")),
                           key=lambda r: float(r[axis]))
-            pts = [(r, _num(r["e2e_p90_s"]), _throughput(r)) for r in mine]
-            pts = [(r, x, y) for r, x, y in pts if _finite(x) and _finite(y)]
+            pts = [(r, number(r["e2e_p90_s"]), _throughput(r)) for r in mine]
+            pts = [(r, x, y) for r, x, y in pts if _known(x) and _known(y)]
             if not pts:
                 continue
             label = method_label(first)
@@ -379,21 +310,21 @@ def _pareto_figure(rows: list[dict[str, Any]], title: str) -> Optional[Figure]:
                 ax.annotate(load_words({**r, "concurrency": r["concurrency"] if axis == "concurrency" else None})
                             or "c1", (x, y), xytext=(3, 3), textcoords="offset points", fontsize=6, color=color)
             at = first["crossover"]
-            if not _na(at):
+            if not na(at):
                 loads = [float(r[axis]) for r, _, _ in pts]
                 xs, ys = [x for _, x, _ in pts], [y for _, _, y in pts]
                 cx, cy = float(np.interp(at, loads, xs)), float(np.interp(at, loads, ys))
                 ax.plot([cx], [cy], marker="*", markersize=12, color=color, linestyle="none",
                         markeredgecolor="black", gid=f"p{k}-crossover-{first['config_id']}",
                         label=f"crossover ({label})")
-        ax.set_title(f"{cell_title({**cell, 'concurrency': 1, 'request_rate': None})}: over {axis.replace('_', ' ')}",
+        ax.set_title(f"{cell_words(cell, leave_out='concurrency')}: over {axis.replace('_', ' ')}",
                      fontsize=9)
         ax.set_xlabel("p90 e2e latency (s)")
         ax.set_ylabel("output tok/s, all requests")
         ax.grid(True, alpha=0.3)
     if not drawn:
         return None
-    _legend(fig, axes)
+    legend(fig, axes)
     return fig
 
 
@@ -443,8 +374,6 @@ def figures(run: Run, df: pd.DataFrame) -> Iterator[tuple[str, Figure]]:
 def _all_figures(run: Run, df: pd.DataFrame, history: list[dict[str, Any]]) -> Iterator[tuple[str, Figure]]:
     yield from figures(run, df)
     if history:
-        from . import trend
-
         yield from trend.figures(history)
 
 
@@ -455,22 +384,6 @@ def _safe(name: str) -> str:
 
 def write(run: Run, df: pd.DataFrame, out: Path, history: Optional[list[dict[str, Any]]] = None) -> list[Path]:
     """Every plot of the run as PNG and SVG into `out`, and with `history` (collector.history.for_run) its trend
-    plots; the files written, in order. Plot files of an earlier report that this one no longer has are removed.
-    Each carries specfleet's mark; a PNG or SVG in `out` without it is refused (own.Foreign) before anything is
-    drawn, and left as it was."""
-    own.check_plots(out)
-    written: list[Path] = []
-    metadata = {"png": own.png_metadata(), "svg": own.svg_metadata()}
-    with matplotlib.rc_context(RC):
-        for name, fig in _all_figures(run, df, history or []):
-            for fmt in FORMATS:
-                buf = io.BytesIO()
-                fig.savefig(buf, format=fmt, dpi=PNG_DPI, metadata=metadata[fmt])
-                fig.set_layout_engine("none")  # laid out once: the next format keeps the same layout
-                path = out / f"{name}.{fmt}"
-                write_atomic(path, buf.getvalue())
-                written.append(path)
-    for stale in sorted(out.glob("*")) if out.is_dir() else []:
-        if stale.suffix.lstrip(".") in FORMATS and stale not in written:
-            stale.unlink()
-    return written
+    plots; the files written, in order (drawing.write: those of an earlier report that this one no longer has are
+    removed, and a PNG or SVG in `out` without specfleet's mark is refused before anything is drawn)."""
+    return drawing.write(_all_figures(run, df, history or []), out)

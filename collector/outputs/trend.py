@@ -9,9 +9,10 @@ from typing import Any, Iterator
 import numpy as np
 from matplotlib.figure import Figure
 
-from ..history import cell_words, config_changes, environment_changes
+from ..history import config_changes, environment_changes
 from ..views import budget_key
-from .plots import NAN, Colors, _figure, _gap, _legend
+from ..vocab import cell_words, number
+from .drawing import Colors, figure, gap, legend
 
 MAX_CELLS = 6  # cells drawn per config: those with the most runs; `specfleet history` lists every one
 LABEL_CHARS = 40  # a change's label is cut to this length
@@ -48,7 +49,7 @@ def _figure_of(host: str, tp: int, pts: list[dict[str, Any]]) -> Figure | None:
         order.setdefault(str(p["config_id"]), (budget_key(str(p["method"]), p["method_params"] or "{}"),
                                                str(p["config_id"])))
     names = sorted(configs, key=order.__getitem__)
-    fig, axes = _figure(len(names), f"{host} tp{tp}: output tok/s per cell over the runs (95% interval); "
+    fig, axes = figure(len(names), f"{host} tp{tp}: output tok/s per cell over the runs (95% interval); "
                         "○ outside the previous runs' spread; dashed: what changed", width=5.2, height=3.8)
     colors = Colors()
     env_marks: dict[int, list[str]] = {}
@@ -63,19 +64,19 @@ def _figure_of(host: str, tp: int, pts: list[dict[str, Any]]) -> Figure | None:
         marks = {x: list(v) for x, v in env_marks.items()}
         for words, cell_pts in cells:
             color, gid = colors(words), f"trend-{_gid(name)}-{_gid(words)}"
-            shown = [p for p in cell_pts if _num(p["tok_s_mean"]) == _num(p["tok_s_mean"])]
-            y = np.array([_num(p["tok_s_mean"]) for p in shown])
-            lo = np.array([_num(p["tok_s_ci_low"]) for p in shown])
-            hi = np.array([_num(p["tok_s_ci_high"]) for p in shown])
+            shown = [p for p in cell_pts if number(p["tok_s_mean"]) == number(p["tok_s_mean"])]
+            y = np.array([number(p["tok_s_mean"]) for p in shown])
+            lo = np.array([number(p["tok_s_ci_low"]) for p in shown])
+            hi = np.array([number(p["tok_s_ci_high"]) for p in shown])
             ax.errorbar([x_of[p["run_id"]] for p in shown], y, yerr=np.nan_to_num(np.vstack([y - lo, hi - y])),
                         marker="o", markersize=4, capsize=3, color=color, label=words, gid=gid)
             for p in cell_pts:
                 if p not in shown:  # failed, skipped or no data in that run: a marked gap, never a value
-                    _gap(ax, x_of[p["run_id"]], str(p["status"] or "no data"), color,
+                    gap(ax, x_of[p["run_id"]], str(p["status"] or "no data"), color,
                          f"{gid}-gap-{x_of[p['run_id']]}")
             for p in cell_pts:
                 if any(o.startswith("tok/s") for o in p["outside"]):
-                    ax.plot([x_of[p["run_id"]]], [_num(p["tok_s_mean"])], marker="o", markersize=12,
+                    ax.plot([x_of[p["run_id"]]], [number(p["tok_s_mean"])], marker="o", markersize=12,
                             markerfacecolor="none", markeredgecolor="red", linestyle="none",
                             gid=f"trend-outside-{_gid(name)}-{x_of[p['run_id']]}")
                 if p["previous_run"] is not None:
@@ -93,12 +94,8 @@ def _figure_of(host: str, tp: int, pts: list[dict[str, Any]]) -> Figure | None:
         ax.set_xlim(-0.6, len(runs) - 0.4)
         ax.set_ylabel("output tok/s")
         ax.grid(alpha=0.3)
-    _legend(fig, axes)
+    legend(fig, axes)
     return fig
-
-
-def _num(v: Any) -> float:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else NAN
 
 
 def _gid(text: str) -> str:

@@ -679,7 +679,7 @@ def test_run_config_with_a_real_server_writes_valid_records(tmp_path: Path) -> N
 def test_another_engine_on_the_host_is_recorded_and_flags_the_config(tmp_path: Path) -> None:
     """A server of another stack beside the config (its command line says so), there before the config and through
     its timed requests: status.json `foreign` names it with both moments, and the report flags the rows."""
-    from collector.tables import config_flags
+    from collector.tables.speedup import config_flags
     host, configs = setup(tmp_path, write_engine(tmp_path / "engine"))
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "-m", "sglang.launch_server"])
     try:

@@ -22,7 +22,7 @@ import pytest
 from agent.store import redact_argv, redact_env, write_json, write_jsonl
 from collector.__main__ import main as collector_main
 from collector.load import load_run
-from collector.tables import table
+from collector.tables.speedup import table
 from controller import matrix
 
 REPO = Path(__file__).resolve().parents[2]

@@ -86,8 +86,8 @@ def _plan_reads(t: Path) -> tuple[Optional[int], list[str]]:
 
 def _log_tail(t: Path) -> tuple[Optional[int], list[str]]:
     """The report page's tail of a failed config's server.log (status.json's log_tail when it is not read)."""
-    from collector.load import ConfigResult
     from collector.outputs.html import log_tail
+    from collector.results import ConfigResult
 
     (t / "results" / RUN / HOST / CONFIG).mkdir(parents=True, exist_ok=True)
     c = ConfigResult(HOST, CONFIG, {}, {"status": "failed", "log_tail": KEPT})

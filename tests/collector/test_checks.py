@@ -10,7 +10,7 @@ import pytest
 
 from collector.load import load_run
 from collector.report import render
-from collector.tables import bursts, table
+from collector.tables.speedup import bursts, table
 from tests.collector.test_collector import FIB, MAX_TOKENS, cell, make_config, make_run, row
 
 

@@ -22,7 +22,7 @@ from scipy import stats
 from collector.__main__ import main as collector_main
 from collector.load import load_run
 from collector.report import render
-from collector.tables import table
+from collector.tables.speedup import table
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -20,7 +20,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import pytest
 
-from collector.__main__ import add_compare_parser as add_parser
+from collector.__main__ import COMMANDS, add_command
 from collector.compare import compare
 from collector.load import load_run
 from collector.views import WIDTH
@@ -92,7 +92,7 @@ def runs(tmp_path: Path) -> tuple[Path, Path]:
 def parser() -> argparse.ArgumentParser:
     """A command line with the `compare` subcommand, as the collector's wires it up."""
     p = argparse.ArgumentParser(prog="collector")
-    add_parser(p.add_subparsers(dest="cmd", required=True))
+    add_command(p.add_subparsers(dest="cmd", required=True), COMMANDS["compare"])
     return p
 
 
@@ -243,7 +243,7 @@ def test_exit_codes_and_json(runs: tuple[Path, Path], tmp_path: Path, capsys: py
 def test_every_argument_has_help() -> None:
     """`compare --help` explains each argument."""
     subcommands = argparse.ArgumentParser().add_subparsers()
-    add_parser(subcommands)
+    add_command(subcommands, COMMANDS["compare"])
     sub = subcommands.choices["compare"]
     actions = [a for a in sub._actions if not isinstance(a, argparse._HelpAction)]
     assert {a.dest for a in actions} == {"run_a", "run_b", "threshold", "format", "wide"}

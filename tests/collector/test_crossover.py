@@ -26,7 +26,7 @@ from collector.__main__ import main as collector_main
 from collector.load import load_run
 from collector.report import render
 from collector.stats import t_quantile
-from collector.tables import table
+from collector.tables.speedup import table
 from controller import matrix
 
 HOST, TOKENS = "cpu1", 64

@@ -24,7 +24,7 @@ from agent.config_run import Host, Result, fresh_folder, record
 from agent.engines import ENGINES
 from agent.records import Outcome
 from agent.store import HostStore, write_json
-from collector import history, store
+from collector import history, store, store_rows, store_update
 from collector.__main__ import main as collector_main
 from collector.history import Filters
 
@@ -93,7 +93,7 @@ def eight(tmp_path_factory: pytest.TempPathFactory) -> Path:
     results = tmp_path_factory.mktemp("history") / "results"
     for i in range(len(BASE)):
         write_run(results, i)
-    got = store.update(results)
+    got = store_update.update(results)
     assert got.new == len(BASE) and got.problems == 0
     return results
 
@@ -221,27 +221,27 @@ def test_an_unchanged_run_is_not_read_again_and_a_changed_one_replaces_its_rows(
     results = tmp_path / "results"
     for i in range(3):
         write_run(results, i)
-    assert store.update(results).new == 3
+    assert store_update.update(results).new == 3
     # a run whose files keep their names, sizes and times is not read again: its old figures stay
     jsonl = results / "run-01" / HOST / "tp1-autoregressive" / "requests.jsonl"
     st = jsonl.stat()
     data = jsonl.read_bytes()
     jsonl.write_bytes(data.replace(b'"workload": "fib"', b'"workload": "xyz"'))
     os.utime(jsonl, ns=(st.st_atime_ns, st.st_mtime_ns))
-    again = store.update(results)
+    again = store_update.update(results)
     assert (again.read, again.unchanged) == ([], 3)
     sql = "SELECT DISTINCT workload FROM requests WHERE run_id = 'run-01' ORDER BY 1"
     assert _sql(results, sql) == [("fib",), ("qsort",)]
     # touched: read again, its rows replaced (none left twice), the others left alone
     os.utime(jsonl)
-    again = store.update(results)
+    again = store_update.update(results)
     assert (again.read, again.new, again.unchanged) == (["run-01"], 0, 2)
     assert _sql(results, sql) == [("fib",), ("qsort",), ("xyz",)]
     assert _sql(results, "SELECT count(*) FROM requests") == [(3 * 2 * 2 * REPS,)]
     # a run folder that is gone is dropped
     import shutil
     shutil.rmtree(results / "run-02")
-    again = store.update(results)
+    again = store_update.update(results)
     assert again.dropped == ["run-02"] and _sql(results, "SELECT run_id FROM runs ORDER BY 1") == [("run-00",),
                                                                                                    ("run-01",)]
 
@@ -262,7 +262,7 @@ def test_a_damaged_file_is_skipped_and_named_with_its_line(tmp_path: Path) -> No
     jsonl.write_text("\n".join([lines[0], lines[1][:40], *lines[2:]]) + "\n")
     (run / HOST / "tp1-autoregressive" / "config.json").write_text("{not json")
     said: list[str] = []
-    got = store.update(results, warn=said.append)
+    got = store_update.update(results, warn=said.append)
     assert got.problems == 2
     assert any(f"{jsonl}:2: " in s for s in said), said
     assert any(f"{run / HOST / 'tp1-autoregressive' / 'config.json'}:1: malformed JSON" in s for s in said), said
@@ -275,23 +275,23 @@ def test_a_damaged_file_is_skipped_and_named_with_its_line(tmp_path: Path) -> No
 def test_an_update_that_fails_leaves_the_store_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     results = tmp_path / "results"
     write_run(results, 0)
-    store.update(results)
+    store_update.update(results)
     write_run(results, 1)
     os.utime(results / "run-00" / "run.json")  # changed: deleted and read again in the same transaction
 
-    monkeypatch.setattr(store, "extract", _broken)
+    monkeypatch.setattr(store_update, "extract", _broken)
     with pytest.raises(OSError, match="disk gone"):
-        store.update(results)
+        store_update.update(results)
     assert _sql(results, "SELECT run_id, count(*) FROM cells GROUP BY ALL") == [("run-00", 4)]
     monkeypatch.undo()
-    assert store.update(results).read == ["run-00", "run-01"]
+    assert store_update.update(results).read == ["run-00", "run-01"]
 
 
-_extract = store.extract
+_extract = store_update.extract
 
 
-def _broken(item: tuple[str, str]) -> store.Extract:
-    """store.extract, failing on run-01 (after run-00 was read: the update had started to write)."""
+def _broken(item: tuple[str, str]) -> store_rows.Extract:
+    """store_rows.extract, failing on run-01 (after run-00 was read: the update had started to write)."""
     if item[0] == "run-01":
         raise OSError(f"disk gone while reading {item[0]}")
     return _extract(item)
@@ -309,16 +309,16 @@ def test_a_second_writer_waits_for_the_first_then_gives_up_naming_the_store(tmp_
     results = tmp_path / "results"
     write_run(results, 0)
     db = results / store.DB_FILE
-    store.update(results)
+    store_update.update(results)
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         with pytest.raises(store.Busy, match=f"{db}: held by another process past 0 s"):
-            store.update(results, wait_s=0.3)
+            store_update.update(results, wait_s=0.3)
     finally:
         holder.communicate("", timeout=30)
-    assert store.update(results, wait_s=5).unchanged == 1
+    assert store_update.update(results, wait_s=5).unchanged == 1
 
 
 def test_finish_updates_the_store_and_the_page_shows_the_trend(tmp_path: Path,
@@ -356,7 +356,7 @@ def test_finish_updates_the_store_and_the_page_shows_the_trend(tmp_path: Path,
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["history"] == "history store: off"
 
 
-def _unread(item: tuple[str, str]) -> store.Extract:
+def _unread(item: tuple[str, str]) -> store_rows.Extract:
     raise AssertionError(f"{item[0]} read again")
 
 
@@ -367,7 +367,7 @@ def test_finish_stores_the_run_it_read_without_reading_it_again(tmp_path: Path, 
     jsonl = run / HOST / "tp1-ngram-k2" / "requests.jsonl"
     lines = jsonl.read_text().splitlines()
     jsonl.write_text("\n".join([lines[0], lines[1][:40], *lines[2:]]) + "\n")
-    monkeypatch.setattr(store, "extract", _unread)
+    monkeypatch.setattr(store_update, "extract", _unread)
     assert collector_main(["finish", str(run), "--hosts", HOST]) == 0
     out = capsys.readouterr()
     assert json.loads(out.out.splitlines()[-1])["history"].startswith(

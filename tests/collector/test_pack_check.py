@@ -20,7 +20,8 @@ from collector import PACK_FILE
 from collector.__main__ import main as collector_main
 from collector.load import load_run
 from collector.report import render
-from collector.tables import pack_check, table
+from collector.tables.pack_check import pack_check
+from collector.tables.speedup import table
 from tests.collector.test_checks import patch_status
 from tests.collector.test_collector import FIB, MAX_TOKENS, cell, make_config, make_run, row
 

@@ -23,10 +23,11 @@ from agent.engines import ENGINES
 from agent.records import Outcome
 from agent.store import HostStore, write_json
 from collector.__main__ import main as collector_main
-from collector.load import Run, load_run
+from collector.load import load_run
 from collector.outputs import own
 from collector.outputs.plots import figures, write
-from collector.tables import table
+from collector.results import Run
+from collector.tables.speedup import table
 from controller import matrix
 
 # plots an earlier report drew: marked as specfleet marks its plots (collector.outputs.own), so that they may go

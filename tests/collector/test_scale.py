@@ -17,14 +17,16 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-import collector.load as load
+import collector.request_lines as request_lines
 from agent import records
 from collector.load import load_run
 from collector.mdtable import pipe_rows, pipe_table
 from collector.outputs.json import dumps_indented
 from collector.report import render
+from collector.results import Run
 from collector.stats import mean_std, t_quantile
-from collector.tables import bursts, pack_check, table
+from collector.tables.pack_check import pack_check
+from collector.tables.speedup import bursts, table
 from tests.collector.test_bad_results import BASE, NGRAM, write_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,14 +46,14 @@ def dump(row: dict[str, Any], **kw: Any) -> bytes:
 
 
 def plain(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(load, "msgspec", None)
+    monkeypatch.setattr(request_lines, "msgspec", None)
 
 
-def both(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[load.Run, load.Run]:
+def both(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Run, Run]:
     """The run read the fast way (small pieces, so that lines fall on both sides of a cut) and the plain way."""
     pytest.importorskip("msgspec")
     with monkeypatch.context() as m:
-        m.setattr(load, "CHUNK_BYTES", 700)
+        m.setattr(request_lines, "CHUNK_BYTES", 700)
         fast = load_run(run_dir)
     with monkeypatch.context() as m:
         plain(m)
@@ -59,7 +61,7 @@ def both(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[load.Run, load
     return fast, slow
 
 
-def assert_same_reports(a: load.Run, b: load.Run) -> None:
+def assert_same_reports(a: Run, b: Run) -> None:
     assert a.problems == b.problems
     for fmt in FORMATS:
         assert render(a, fmt) == render(b, fmt), fmt
@@ -148,8 +150,8 @@ def test_many_processes_read_what_one_does(tmp_path: Path, monkeypatch: pytest.M
     put_lines(path, lines)
     (run_dir / "h1" / NGRAM / "requests.jsonl").write_text("")
     here = load_run(run_dir)
-    monkeypatch.setattr(load, "PARALLEL_BYTES", 0)
-    monkeypatch.setattr(load, "CHUNK_BYTES", 300)
+    monkeypatch.setattr(request_lines, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(request_lines, "CHUNK_BYTES", 300)
     seen: list[str] = []
     there = load_run(run_dir, meanwhile=lambda: seen.append("ran"))
     assert seen == ["ran"]
@@ -204,7 +206,7 @@ def test_cell_figures_by_column_equal_the_reports_own(tmp_path: Path) -> None:
     path = tmp_path / "c" / "requests.jsonl"
     path.parent.mkdir()
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    got = {c.key: c for c in load.read_cells(path).cells}
+    got = {c.key: c for c in request_lines.read_cells(path).cells}
     assert list(got) == list(dict.fromkeys(records.cell_key(r) for r in rows))
     assert (*cells[-1][:4], math.inf) in got
     slo = {"ttft_ms": 500, "itl_ms": 300, "e2e_ms": 7000}

@@ -24,7 +24,8 @@ import pytest
 
 from agent import bounded, probe, progress, records
 from agent.bounded import Bound
-from collector import load
+from collector import load, request_lines
+from collector.results import Run
 from controller import hub, plan
 from controller.settings import MAX_PROMPT_CHARS, SETTINGS
 from tests import playbook
@@ -107,11 +108,11 @@ def _run_folder(folder: Path) -> Path:
     return root
 
 
-def _collector(pick: Callable[[load.Run], Any], plain: bool = False) -> Callable[[Path], tuple[list[str], Any]]:
+def _collector(pick: Callable[[Run], Any], plain: bool = False) -> Callable[[Path], tuple[list[str], Any]]:
     """`specfleet report` reading the run (collector.load.load_run); `plain`: without msgspec, line by line."""
     def read(folder: Path) -> tuple[list[str], Any]:
         if plain:
-            load.msgspec = None  # this case's own process only
+            request_lines.msgspec = None  # this case's own process only
         run = load.load_run(_run_folder(folder))
         return run.problems, pick(run)
     return read
@@ -124,7 +125,7 @@ def _read_requests(folder: Path) -> tuple[list[str], Any]:
     return problems, len(rows)
 
 
-def _config(run: load.Run) -> Any:
+def _config(run: Run) -> Any:
     return run.configs[0].config if run.configs else None
 
 
