@@ -18,8 +18,6 @@ import functools
 import gc
 import json
 import math
-import multiprocessing
-import os
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
@@ -30,6 +28,7 @@ import numpy as np
 from agent import bounded, records
 from agent.records import plain_line, plain_rows
 
+from . import forked
 from .results import CellRows
 from .serving import Serving
 from .stats import summary
@@ -354,15 +353,13 @@ def read_all(paths: list[Path], meanwhile: Optional[Callable[[], Any]], keep: bo
     read."""
     read = functools.partial(read_cells, keep=keep)
     sizes = [p.stat().st_size if p.is_file() else 0 for p in paths]
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    workers = min(cpus, len(paths))
-    if (not parallel or workers < 2 or sum(sizes) < PARALLEL_BYTES
-            or "fork" not in multiprocessing.get_all_start_methods()):
+    workers = min(forked.cpus(), len(paths))
+    if not parallel or workers < 2 or sum(sizes) < PARALLEL_BYTES or not forked.available():
         if meanwhile is not None:
             meanwhile()
         return [read(p) for p in paths]
     order = sorted(range(len(paths)), key=lambda i: -sizes[i])
-    with multiprocessing.get_context("fork").Pool(workers) as pool:
+    with forked.pool(workers) as pool:
         pending = pool.map_async(read, [paths[i] for i in order], chunksize=1)
         if meanwhile is not None:
             meanwhile()

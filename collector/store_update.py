@@ -6,8 +6,6 @@ dropped. A damaged file is skipped and named with its line, as the report does (
 from __future__ import annotations
 
 import hashlib
-import multiprocessing
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +13,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import pandas as pd
 
+from . import forked
 from .request_lines import PARALLEL_BYTES
 from .results import Run
 from .store import DB_FILE, WAIT_S, connect, create, schema, system_errors
@@ -92,11 +91,11 @@ def _extracts(todo: list[tuple[str, str]], given: dict[str, Run]) -> Iterable[Ex
     def size(folder: str) -> int:
         return sum(p.stat().st_size for p in Path(folder).glob("*/*/requests.jsonl"))
 
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = forked.cpus()
     small = [t for t in todo if size(t[1]) < PARALLEL_BYTES]
     large = [t for t in todo if t not in small]
-    if cpus > 1 and len(small) > 1 and "fork" in multiprocessing.get_all_start_methods():
-        with multiprocessing.get_context("fork").Pool(min(cpus, len(small))) as pool:
+    if cpus > 1 and len(small) > 1 and forked.available():
+        with forked.pool(min(cpus, len(small))) as pool:
             yield from pool.imap(extract, small, chunksize=4)
     else:
         yield from map(extract, small)

@@ -68,6 +68,6 @@ def test_vllm_cpu_commands() -> None:
 def test_vllm_dflash_uses_block_minus_one() -> None:
     s = suite_from_host_vars("local")
     s["phases"][0]["configs"].append({"method": "dflash", "block_size": 16})
-    cfg = next(c for c in matrix.expand(s) if c["method"] == "dflash")
+    cfg = [c for c in matrix.expand(s) if c["method"] == "dflash"][-1]  # the one appended
     spec = json.loads(cfg["command"][cfg["command"].index("--speculative-config") + 1])
     assert spec["method"] == "dflash" and spec["num_speculative_tokens"] == 15
