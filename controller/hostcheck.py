@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from agent import fit, probe
-from agent.classify import drafter_problems
+from agent.classify import Reason, drafter_problems
 from agent.engines import ENGINES
 from agent.store import read_json
 
@@ -28,6 +28,7 @@ class Check:
     fit: fit.Fit | None = None
     fit_line: str = ""
     limits: list[str] = field(default_factory=list)  # what it asks that the build or its models cannot give
+    missing: list[str] = field(default_factory=list)  # drafters not on the host yet (a check-mode plan says so)
     offsite: str = ""  # where the models of an off-site fit were read (said once above the configs)
 
 
@@ -135,8 +136,10 @@ def assess(configs: list[dict[str, Any]], answer: Any, engine: str, gpu_memory_m
                 cfg, eng.get("features") or {}, read_model(models, cfg.get("draft_model")),
                 read_model(models, cfg.get("model")))]
         if data is not None:  # the drafter against its target, whatever the engine said
-            check.limits[:0] = [line for _, line in drafter_problems(
-                cfg, read_model(models, cfg.get("draft_model")), read_model(models, cfg.get("model")))]
+            found = drafter_problems(cfg, read_model(models, cfg.get("draft_model")),
+                                     read_model(models, cfg.get("model")))
+            check.missing = [line for reason, line in found if reason is Reason.MISSING_MODEL]
+            check.limits[:0] = [line for reason, line in found if reason is not Reason.MISSING_MODEL]
             check.fit, check.fit_line = _fit(cfg, engine, models, gpu_mib, eng.get("defaults"))
             check.fit_line += source if check.fit is not None else ""
         out[cfg["config_id"]] = check

@@ -417,11 +417,15 @@ def build(args: dict[str, Any], task_vars: dict[str, Any], ask: Ask | None = Non
     checks = hostcheck.assess(configs, answer, hidden.suite["engine"], hidden.suite["gpu_memory_mib"], earlier,
                               offsite)
     unsupported = {cid: ch.unsupported for cid, ch in checks.items() if ch.supported is False}
-    limited = [f"  {cid}: {line}" for cid, ch in checks.items() for line in ch.limits]
+    missing = [f"  {cid}: {line}" for cid, ch in checks.items() for line in ch.missing]
+    refuse_missing = not task_vars.get("ansible_check_mode") or any(ch.limits for ch in checks.values())
+    limited = [f"  {cid}: {line}" for cid, ch in checks.items()  # check mode: `make models` may come first
+               for line in (ch.missing if refuse_missing else []) + ch.limits]
     if limited:
         return {"failed": True, "msg": f"{host}: these configs ask what the installed engine or the drafter cannot "
                                        "give (nothing was started):\n" + "\n".join(limited)}
+    later = [f"{host}: a run now would refuse these configs, their drafters not on the host yet:", *missing]
     return {"changed": False, "configs": configs, "suite": hidden.suite, "plan_lines": describe(
-            host, configs, hidden.suite, checks, run["skip_unsupported"]), **run,
+            host, configs, hidden.suite, checks, run["skip_unsupported"]) + (later if missing else []), **run,
             "requests": sum(c["requests"] for c in configs), "estimate_s": wall(configs, hidden.suite),
             "unsupported": unsupported, "engine_help": hostcheck.engine_help(answer)}
