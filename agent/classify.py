@@ -51,11 +51,14 @@ PATTERNS: list[tuple[Reason, str]] = [
     (Reason.PERMISSION_DENIED, r"PermissionError|Permission denied"),
     (Reason.OOM, r"CUDA out of memory|OutOfMemoryError|torch\.OutOfMemoryError|Cannot allocate memory|"
             r"Not enough memory|insufficient memory|No available memory for the cache blocks|"
-            r"on startup is less than desired (GPU|CPU) memory utilization"),
+            r"on startup is less than desired (GPU|CPU) memory utilization|"
+            # llama.cpp (ggml-cuda, ggml-backend)
+            r"cudaMalloc failed: out of memory|failed to allocate \S+ buffer of size"),
     (Reason.CUDA_GRAPH, r"[Cc]apture [Cc][Uu][Dd][Aa] graph failed|CUDA graph capture"),
     (Reason.NCCL_TIMEOUT, r"NCCL.*[Tt]imeout|Watchdog caught collective operation timeout"),
-    (Reason.UNSUPPORTED_FLAG, r"unrecognized arguments:|error: argument .*invalid choice"),
-    (Reason.PORT_IN_USE, r"[Aa]ddress already in use"),
+    (Reason.UNSUPPORTED_FLAG, r"unrecognized arguments:|error: argument .*invalid choice|"
+                              r"error: invalid argument: -|Error while handling argument"),  # llama.cpp (arg.cpp)
+    (Reason.PORT_IN_USE, r"[Aa]ddress already in use|couldn't bind HTTP server socket"),
     (Reason.DOES_NOT_FIT, r"larger than the maximum|exceeds the maximum|max_model_len.*(greater|larger)|"
                      r"is larger than .*KV cache"),
     (Reason.ATTENTION_BACKEND, r"FlashAttention v3 Backend requires|Please use --attention-backend"),
@@ -66,10 +69,14 @@ PATTERNS: list[tuple[Reason, str]] = [
                                  r"DFLASH target_layer_ids contains an out-of-range layer id|"
                                  # an id past an embedding table (vLLM 0.32: the target embedding the tokens of a
                                  # drafter of another vocabulary)
-                                 r"embedding\(.*(?:\n.*){0,3}\n.*IndexError: index out of range in self"),
+                                 r"embedding\(.*(?:\n.*){0,3}\n.*IndexError: index out of range in self|"
+                                 # llama.cpp: a drafter tapping a target layer whose input it never keeps
+                                 r"layer input tensor is null"),
     (Reason.MISSING_MODEL, r"No such file or directory.*(config\.json|safetensors)|does not appear to have a file|"
                       r"Can't load the configuration|is not a local folder|"
-                      r"Invalid repository ID or local directory"),
+                      r"Invalid repository ID or local directory|"
+                      # llama.cpp: a GGUF file (the target's or the drafter's) that is not there
+                      r"failed to open GGUF file .*\(No such file or directory\)"),
     (Reason.CUDA_ERROR, r"CUDA error|cuInit|no CUDA-capable device|CUDA driver version is insufficient"),
 ]
 

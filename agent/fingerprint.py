@@ -56,8 +56,27 @@ def gpus() -> dict[str, Any]:
     return info
 
 
+def program_engine(name: str, program: str) -> dict[str, Any]:
+    """A program engine's version and commit from its `--version`, and the record its build left beside it
+    (`specfleet-build.json` in the build folder, as the llamacpp role writes it: source, digest, flags, build time)."""
+    found = probe.program_identity(program)
+    out: dict[str, Any] = {"name": name, "distribution": None, "version": found.get("version"),
+                           "commit": found.get("commit"), "program": program}
+    if found.get("key") is None:
+        out["error"] = f"{program}: cannot be run"
+    try:
+        record = Path(program).resolve().parent.parent / "specfleet-build.json"
+        out["build"] = json.loads(bounded.read_text(record, bounded.RECORD))
+    except (OSError, ValueError):
+        pass
+    return out
+
+
 def engine(name: str, python: str) -> dict[str, Any]:
-    """Engine distribution, version and VCS commit, read from the engine's own Python."""
+    """Engine distribution, version and VCS commit, read from the engine's own Python (or, for a program of its own,
+    from the program: `program_engine`)."""
+    if ENGINES[name].binary:
+        return program_engine(name, python)
     probe = ENGINES[name].version_probe
     try:
         res = subprocess.run([python, "-c", probe, *DISTRIBUTIONS[name]], capture_output=True, text=True,
@@ -86,6 +105,13 @@ def model_digest(path: str) -> str | None:
     """sha256 over config.json and the names and sizes of the weight files: cheap, and changes
     whenever the weights are swapped."""
     p = Path(path)
+    if p.suffix == ".gguf" and p.is_file():  # llama.cpp's one file: its header (the metadata) and its size
+        try:
+            with open(p, "rb") as f:
+                head = f.read(1 << 20)
+        except OSError:
+            return None
+        return hashlib.sha256(head + f"{p.name}:{p.stat().st_size}".encode()).hexdigest()[:16]
     if not p.is_dir():
         return None
     h = hashlib.sha256()
@@ -118,8 +144,8 @@ def collect(plan: dict[str, Any]) -> dict[str, Any]:
         "cpu": cpu(),
         "memory_total_mib": memory_total_mib(),
         "gpus": gpus(),
-        "engine": {**engine(suite["engine"], suite["engine_python"]), "patches": suite.get("engine_patches", []),
-                   "build": engine_build()},
+        "engine": {"build": engine_build(), **engine(suite["engine"], ENGINES[suite["engine"]].program(suite)),
+                   "patches": suite.get("engine_patches", [])},
         "agent_python": platform.python_version(),
         **models,
     }

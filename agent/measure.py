@@ -67,9 +67,8 @@ def prompts(cfg: Mapping[str, Any], ep: Endpoint) -> Dict[Tuple[str, int], Promp
         if cell["context_tokens"] == 0 and isinstance(given, str):
             out[key] = given
             continue
-        body = ({"model": name, "messages": given, "add_generation_prompt": True} if isinstance(given, list)
-                else {"model": name, "prompt": given})
-        q = client.post_json(ep.port, "/tokenize", body, 60, ep.host, ep.headers)["tokens"]
+        q = client.post_json(ep.port, "/tokenize", ep.engine.tokenize_body(name, given), 60, ep.host,
+                             ep.headers)["tokens"]
         if cell["context_tokens"] == 0:
             out[key] = q
             continue
@@ -77,11 +76,14 @@ def prompts(cfg: Mapping[str, Any], ep: Endpoint) -> Dict[Tuple[str, int], Promp
         if need < 0:
             raise PromptError(f"context_tokens {cell['context_tokens']} is shorter than the "
                               f"{cell['workload']!r} prompt itself ({len(q)} tokens)")
+        reps = 1 + need // 64
         while len(filler) < need:
-            reps = 1 + need // 64
-            filler = client.post_json(ep.port, "/tokenize", {"model": name, "prompt": workloads.FILLER * reps,
-                                                             "add_special_tokens": False}, 120, ep.host,
-                                      ep.headers)["tokens"]
+            got = client.post_json(ep.port, "/tokenize", ep.engine.tokenize_body(name, workloads.FILLER * reps, False),
+                                   120, ep.host, ep.headers)["tokens"]
+            if len(got) <= len(filler):  # the filler no longer grows: the server's tokenizer is not answering it
+                raise PromptError(f"the server's /tokenize gave {len(got)} tokens for {reps} copies of the filler "
+                                  f"text; {need} are needed for context_tokens {cell['context_tokens']}")
+            filler, reps = got, reps * 2
         out[key] = filler[:max(need, 0)] + q
     return out
 
@@ -236,6 +238,7 @@ def _timed(cfg: Mapping[str, Any], identity: Mapping[str, Any], server: Server, 
     run_id = str((getattr(server, "env", None) or {}).get(MARK, "")).split("/", 1)[0]  # the run of this server
     seen = foreign.merge([], foreign.scan(server.owns, run_id), "timed")  # (its port probes: before the load sample)
     before = counters.read(ep.engine, ep.port, ep.host, ep.headers)
+    last = before if ep.engine.steps_from_counters and cfg["method"] != "autoregressive" else None
     load0 = hostload.sample(server.owns)
     origin: Optional[float] = None
     start = time.monotonic()
@@ -248,6 +251,8 @@ def _timed(cfg: Mapping[str, Any], identity: Mapping[str, Any], server: Server, 
         else:
             got, seconds = burst(cfg, ep, prompt, cell["max_tokens"], cell["concurrency"], f"c{i}r{rep}")
         out.timed_s += seconds
+        if last is not None:
+            last = counters.steps_of_burst(ep.engine, ep.port, ep.host, ep.headers, last, got)
         pace.burst(got)
         origin = min(r["t_sent"] for r in got) if origin is None else origin
         for r in got:  # seconds since the first timed request was sent: bursts can be rebuilt from the rows

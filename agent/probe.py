@@ -77,10 +77,15 @@ def help_defaults(text: str) -> Dict[str, str]:
     return out
 
 
+# llama.cpp's rendering of a closed list: "--spec-type none,draft-simple,draft-eagle3,..." (common/arg.cpp)
+LISTED = re.compile(r"^(?:-[\w-]+, +)?(--[A-Za-z0-9][\w-]*) ([a-z0-9][a-z0-9-]*(?:,[a-z0-9][a-z0-9-]*){2,})(?= |$)",
+                    re.M)
+
+
 def help_choices(text: str) -> Dict[str, List[str]]:
-    """The values each flag accepts where the help lists them as argparse choices."""
+    """The values each flag accepts where the help lists them: argparse's choices, llama.cpp's value lists."""
     out: Dict[str, List[str]] = {}
-    for flag, values in CHOICES.findall(text):
+    for flag, values in [*CHOICES.findall(text), *LISTED.findall(text)]:
         out.setdefault(flag, [v for v in values.split(",") if v])
     return out
 
@@ -158,7 +163,8 @@ def build_limits(cfg: Mapping[str, Any], features: Mapping[str, Any],
     if features.get("tokenize_messages") is False:
         prompts = cfg.get("prompts") or {}
         chat = sorted({c["workload"] for c in cfg.get("cells") or [] if isinstance(prompts.get(c["workload"]), list)})
-        out += [("prompt", f"chat workload {w!r}: this build's /tokenize takes no messages (SGLang 0.5.15 on)")
+        out += [("prompt", f"chat workload {w!r}: this build's /tokenize takes no messages (SGLang takes them from "
+                           f"0.5.15 on; llama.cpp's takes a text only)")
                 for w in chat]
     window = _window(drafter, scaled=True)
     if cfg.get("draft_model") and window is not None and cfg.get("cells"):
@@ -223,12 +229,17 @@ def unsupported(argv: Sequence[str], flags: Set[str], choices: Mapping[str, Sequ
     return out
 
 
+def entry(python: str, module: str) -> List[str]:
+    """How the engine starts: `<python> -m <module>`, or (`module` empty) `python` names a program of its own."""
+    return [python, "-m", module] if module else [python]
+
+
 def help_text(python: str, module: str, env: Optional[Mapping[str, str]] = None, timeout: float = 600,
               arg: str = "--help") -> str:
-    """What `<python> -m <module> <arg>` prints (`arg`: the engine's help switch, `--help=all` for vLLM, whose
-    plain help leaves out some flags and every default); RuntimeError naming the command when it fails or names no
-    flags, OSError when the interpreter is not there."""
-    argv = [python, "-m", module, arg]
+    """What `<python> -m <module> <arg>` (or the program `python` itself, `module` empty) prints (`arg`: the engine's
+    help switch, `--help=all` for vLLM, whose plain help leaves out some flags and every default); RuntimeError
+    naming the command when it fails or names no flags, OSError when the interpreter is not there."""
+    argv = [*entry(python, module), arg]
     res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=None if env is None else dict(env))
     text = res.stdout + res.stderr
     flags = help_flags(text)
@@ -245,9 +256,33 @@ def read_help(python: str, module: str, env: Optional[Mapping[str, str]] = None,
     return help_flags(text), help_choices(text)
 
 
+# llama_print_build_info's first line: "version: 0.5.0-dev (build 1, commit 0c1e570)" (older: "version: 4567 (0c1e570)")
+LLAMACPP_VERSION = re.compile(r"^version: (\S+)(?: \((?:.*\bcommit )?([0-9a-f]{6,40}|unknown)\))?", re.M)
+
+
+def program_identity(program: str, env: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+    """A program engine's (llama-server) version and commit from its `--version`, and what identifies its build
+    (path, size, modification time): `key`, as `identity`'s."""
+    try:
+        st = os.stat(program)
+        res = subprocess.run([program, "--version"], capture_output=True, text=True, timeout=120,
+                             env=None if env is None else dict(env))
+    except (OSError, subprocess.TimeoutExpired):
+        return {"version": None, "key": None}
+    found = LLAMACPP_VERSION.search(res.stdout + res.stderr)
+    out: Dict[str, Any] = {"version": found.group(1) if found else None,
+                           "commit": found.group(2) if found and found.group(2) not in ("", "unknown") else None,
+                           "package": program, "size": st.st_size, "newest_ns": st.st_mtime_ns}
+    named = json.dumps({"program": program, **out}, sort_keys=True)
+    out["key"] = hashlib.sha256(named.encode()).hexdigest()[:20]
+    return out
+
+
 def identity(python: str, module: str, dists: Sequence[str], env: Optional[Mapping[str, str]] = None
              ) -> Dict[str, Any]:
     """The engine's version and the identity of its code, with `key` (what its cached help is filed under)."""
+    if not module:
+        return program_identity(python, env)
     res = subprocess.run([python, "-c", IDENTITY, module, *dists], capture_output=True, text=True, timeout=120,
                          env=None if env is None else dict(env))
     try:
@@ -332,18 +367,25 @@ def engine(python: str, module: str, dists: Sequence[str], env: Optional[Mapping
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
         out["error"] = str(exc) if isinstance(exc, RuntimeError) else f"{type(exc).__name__}: {exc}"
         return out
-    features = sglang_source(ident.get("package")) if module.startswith("sglang") else {}
+    # llama.cpp's /tokenize takes a text (`content`), never chat messages
+    features = sglang_source(ident.get("package")) if module.startswith("sglang") else (
+        {} if module else {"tokenize_messages": False})
     out.update(flags=sorted(help_flags(text)), choices=with_source_choices(help_choices(text), features),
                features=features, defaults=help_defaults(text))
     return out
 
 
 def model(path: str) -> Dict[str, Any]:
-    """A model folder's config.json and the bytes of its weights (safetensors, else PyTorch files). A config.json
+    """A model folder's config.json and the bytes of its weights (safetensors, else PyTorch files; a `.gguf` file:
+    its size, no config). A config.json
     that is there but cannot be read (not a regular file within its limit, unreadable) is said in `config_problem`,
     one line naming it."""
     folder = Path(path)
     out: Dict[str, Any] = {"path": path, "config": None, "weights_bytes": None}
+    if folder.suffix == ".gguf":  # one file (llama.cpp): its metadata is inside, its size the weights'
+        if folder.is_file():
+            out["weights_bytes"] = folder.stat().st_size
+        return out
     try:
         out["config"] = json.loads(_read_bounded(folder / "config.json", "RECORD", CONFIG_BYTES))
     except (FileNotFoundError, NotADirectoryError, ValueError):

@@ -104,6 +104,12 @@ REQUEST = (
     _f("spec_steps", "integer|null", "verify steps of the request as the server counts them (speculative configs)",
        required=False),
     _f("spec_accepted_tokens", "integer|null", "draft tokens accepted over those steps", required=False),
+    _f("spec_draft_tokens", "integer|null", "draft tokens proposed, as the server counts them (llama.cpp)",
+       required=False),
+    _f("accept_scope", "string", "where accept_length and spec_steps come from when the request's own answer lacks "
+       "its verify steps (llama.cpp): `request` (the server's counter of drafts around this request alone) or "
+       "`burst` (around its burst: the burst's acceptance length on each of its rows, spec_steps null)",
+       required=False),
     _f("chunk_gap_max_s", "number|null", "the longest wait between two content chunks (what a reader of the stream "
        "waits at worst; a whole verify step under speculation)", required=False),
     _f("sent_s", "number", "when it was sent, in seconds after the config's first timed request was sent",

@@ -66,7 +66,7 @@ class Suite:
         self.host = Host(suite=suite, engine=ENGINES[suite["engine"]],
                          store=HostStore(root, plan["host"], invocation), skip_unsupported=skip_unsupported)
         known = plan.get("engine_help") or {}  # the plan's probe read this engine's --help: not run again
-        if (known.get("flags") and known.get("python") == suite["engine_python"]
+        if (known.get("flags") and known.get("python") == self.host.engine.program(suite)
                 and known.get("module") == self.host.engine.module):
             self.host.flags, self.host.choices = set(known.get("flags") or ()), dict(known.get("choices") or {})
             self.host.features = dict(known.get("features") or {})
@@ -102,7 +102,7 @@ class Suite:
         them); a failure is left to each config's preflight, which asks again and records engine_unavailable."""
         host = self.host
         env = server_env({"env": {k: str(v) for k, v in (host.suite.get("env") or {}).items()}})
-        read = probe.engine(host.suite["engine_python"], host.engine.module, DISTRIBUTIONS[host.engine.name], env,
+        read = probe.engine(host.engine.program(host.suite), host.engine.module, DISTRIBUTIONS[host.engine.name], env,
                             cache=str(self.cache) if self.cache else None, arg=host.engine.help_arg)
         self.help_key = read.get("key")
         if read.get("flags"):
@@ -117,7 +117,7 @@ class Suite:
         try:
             self.cache.mkdir(parents=True, exist_ok=True)
             write_json(probe.cache_path(str(self.cache), self.help_key),
-                       {"python": self.host.suite["engine_python"], "module": self.host.engine.module,
+                       {"python": self.host.engine.program(self.host.suite), "module": self.host.engine.module,
                         "version": self.host.engine_info.get("version"), "flags": sorted(self.host.flags or ()),
                         "choices": self.host.choices, "features": self.host.features,
                         "defaults": self.host.defaults})

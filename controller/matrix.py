@@ -84,17 +84,48 @@ def label(cfg: dict[str, Any]) -> str:
     m = cfg["method"]
     if m == "ddtree":
         return f"ddtree-b{cfg['budget']}"
+    synth = f"-synth{cfg['synth_len']:g}" if isinstance(cfg.get("synth_len"), (int, float)) else (
+        "-synth" if "synth_rates" in cfg else "")
     if m in NEEDS_K:
-        return f"{m}-k{cfg['num_speculative_tokens']}"
+        return f"{m}-k{cfg['num_speculative_tokens']}{synth}"
     if m == "dflash" and "block_size" in cfg:
-        return f"dflash-blk{cfg['block_size']}"
-    return m
+        return f"dflash-blk{cfg['block_size']}{synth}"
+    return m + synth
 
 
 def method_params(cfg: dict[str, Any]) -> dict[str, Any]:
     keys = ("num_speculative_tokens", "budget", "block_size", "topk", "num_draft_tokens",
-            "prompt_lookup_min", "prompt_lookup_max")
+            "prompt_lookup_min", "prompt_lookup_max", "synth_len", "synth_rates")
     return {k: cfg[k] for k in keys if k in cfg}
+
+
+def _synth_errors(cfg: dict[str, Any], where: str, engine: str) -> list[str]:
+    """llama.cpp's synthetic acceptance, as its server takes it (common/speculative.cpp): on a speculative config of
+    that engine, one of the two, a length in [1, draft length + 1], at most draft-length rates that never rise."""
+    given = [k for k in ("synth_len", "synth_rates") if k in cfg]
+    if not given:
+        return []
+    field = f"{where}.{given[0]}"
+    if engine != "llamacpp":
+        return [f"{field}: synthetic acceptance is llama.cpp's (engine llamacpp); engine {engine} has none"]
+    if cfg["method"] == "autoregressive":
+        return [f"{field}: synthetic acceptance needs a speculative method; allowed on "
+                f"{', '.join(m for m in ENGINES['llamacpp'].methods if m != 'autoregressive')}"]
+    if len(given) == 2:
+        return [f"{where}.synth_rates: synth_len and synth_rates are exclusive (llama.cpp takes one); allowed: one"]
+    k = cfg.get("block_size", 16) - 1 if cfg["method"] == "dflash" else cfg.get("num_speculative_tokens")
+    if not isinstance(k, int):
+        return []
+    if "synth_len" in cfg and cfg["synth_len"] > k + 1:
+        return [f"{field}: {cfg['synth_len']:g} is above the draft length + 1 ({k + 1}: a step accepts at most "
+                f"{k} drafts and adds the target's token); allowed 1..{k + 1}"]
+    rates = cfg.get("synth_rates") or []
+    if len(rates) > k:
+        return [f"{field}: {len(rates)} rates for a draft of {k} tokens; allowed: at most {k}, one per position"]
+    if any(b > a for a, b in zip(rates, rates[1:])):
+        return [f"{field}: {rates} rise; allowed: rates that never rise (a position is reached only through the "
+                f"ones before it)"]
+    return []
 
 
 def is_loopback(host: str) -> bool:
@@ -307,6 +338,7 @@ def validate(suite: dict[str, Any], phases: list[str] | None = None, *, secrets_
             if cfg["method"] not in engine.methods:
                 errors.append(f"{cw}.method: {cfg['method']!r} is not supported by engine {engine.name}; "
                               f"allowed: {', '.join(engine.methods)}")
+            errors += _synth_errors(cfg, cw, engine.name)
             if cfg["method"] in NEEDS_DRAFT and not (cfg.get("draft_model") or suite.get("draft_model")):
                 errors.append(f"{cw}.draft_model: method {cfg['method']} needs a draft model "
                               f"(set {PREFIX}draft_model or the config's draft_model)")
@@ -603,7 +635,7 @@ def expand(checked: Matrix | dict[str, Any], phases: list[str] | None = None, *,
                 "cells": cells,
                 "prompts": {c["workload"]: prompts[c["workload"]] for c in cells},
             }
-            resolved["command"] = engine.launch_command(suite["engine_python"], resolved,
+            resolved["command"] = engine.launch_command(engine.program(suite), resolved,
                                                         suite["bind_host"])
             if suite["api_key"]:
                 argv, env = engine.auth(suite["api_key"])

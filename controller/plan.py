@@ -145,7 +145,8 @@ def run_checks(args: dict[str, Any], host: str, problems: list[str]) -> dict[str
                         f"on the host without control characters, e.g. /var/lib/specfleet")
     suite = args.get("suite") or {}
     unit = suite.get("backend") == "systemd"
-    for name, value in (("agent_python", args.get("agent_python")), ("engine_python", suite.get("engine_python"))):
+    for name, value in (("agent_python", args.get("agent_python")), ("engine_python", suite.get("engine_python")),
+                        ("engine_binary", suite.get("engine_binary"))):
         problems += program_problems(name, value, unit and name == "agent_python")
     for name, value in sorted((args.get("limits") or {}).items()):  # whole numbers by the role's bench_number
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -302,7 +303,7 @@ def probe_request(suite: Mapping[str, Any], host_dir: str | None = None) -> dict
     where the agent keeps the engine's help it read before."""
     engine = ENGINES[suite["engine"]]
     models = hostcheck.probe_models(suite)
-    return {"engine": {"python": suite["engine_python"], "module": engine.module,
+    return {"engine": {"python": engine.program(suite), "module": engine.module,
                        "dists": DISTRIBUTIONS[engine.name], "help_arg": engine.help_arg}, "models": models,
             "cache": f"{host_dir.rstrip('/')}/cache" if host_dir else None}
 
@@ -315,9 +316,10 @@ _EXEC_PATH = re.compile(r"/[^\s%\x00-\x1f\x7f]*")
 
 
 def program_problems(name: str, value: Any, unit: bool) -> list[str]:
-    """A program the host runs (`bench_agent_python`, `bench_engine_python`): a path on one line without control
-    characters; where the systemd backend writes it into the unit's ExecStart (`unit`), an absolute path without
-    spaces or `%` too (a space would split it, a `%` be read as a specifier, a newline start a new unit line)."""
+    """A program the host runs (`bench_agent_python`, `bench_engine_python`, `bench_engine_binary`): a path on one
+    line without control characters; where the systemd backend writes it into the unit's ExecStart (`unit`), an
+    absolute path without spaces or `%` too (a space would split it, a `%` be read as a specifier, a newline start a
+    new unit line)."""
     if value is None:
         return []  # not given: the role always gives the agent's; the matrix says a missing engine_python
     if not isinstance(value, str) or not value or not value.isprintable():

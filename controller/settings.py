@@ -73,6 +73,11 @@ CONFIG_SCHEMA = {
         "block_size": {"type": "integer", "minimum": 2, "maximum": 64},
         "topk": _pos_int, "num_draft_tokens": _pos_int,
         "prompt_lookup_min": _pos_int, "prompt_lookup_max": _pos_int,
+        # llama.cpp's synthetic acceptance (benchmarking only): a mean acceptance length, the target's token included,
+        # or the acceptance rate at each draft position
+        "synth_len": {"type": "number", "minimum": 1, "maximum": 65},
+        "synth_rates": {"type": "array", "minItems": 1, "maxItems": 64,
+                        "items": {"type": "number", "minimum": 0, "maximum": 1}},
         "draft_model": DRAFT_SCHEMA, "server_args": _str_list, "env": _env,
     },
     "allOf": [
@@ -190,12 +195,15 @@ SETTINGS: tuple[Setting, ...] = (
     # ---- what to benchmark: the matrix
     Setting("suite_name", "Name of the suite, recorded in run.json.", {"type": "string"},
             entries=("plan", "run", "main", "report")),
-    Setting("engine", "The inference engine.", {"enum": sorted(ENGINES), "default": "vllm"}, doc="vllm | sglang",
-            allowed=("vllm", "sglang")),
+    Setting("engine", "The inference engine.", {"enum": sorted(ENGINES), "default": "vllm"},
+            doc="vllm | sglang | llamacpp", allowed=("vllm", "sglang", "llamacpp")),
     Setting("backend", "How servers run, a child process group of the agent or an instance of the engine's unit.",
             {"enum": ["process", "systemd"], "default": "process"}, group="service"),
     Setting("engine_python", "The Python interpreter of the engine's environment on the host.",
             {**_launch, "default": "/opt/specfleet/engine/bin/python"}),
+    Setting("engine_binary", "The engine's server program on the host, for an engine that is a program of its own "
+            "rather than a Python module (C(llamacpp): its C(llama-server), as the llamacpp role builds it).",
+            {**_launch, "default": "/opt/specfleet/llama.cpp/llama-server"}),
     Setting("engine_patches", "Patches applied to the engine build, recorded in host.json.",
             {"type": "array", "default": []}, elements="raw",
             doc="names + hashes of patches applied to the engine build"),

@@ -291,7 +291,7 @@ def test_preflight_refuses_chat_prompts_a_build_cannot_tokenize(tmp_path: Path) 
     res = preflight(host, cfg)
     assert res is not None and res.status == Outcome.FAILED and res.reason == Reason.PROMPT_BUILD_FAILED
     assert res.detail == (f"chat workload {cfg['cells'][0]['workload']!r}: this build's /tokenize takes no messages "
-                          "(SGLang 0.5.15 on)")
+                          "(SGLang takes them from 0.5.15 on; llama.cpp's takes a text only)")
     assert preflight(host, configs["tp1-ngram-k3"]) is None  # text prompts only
 
 

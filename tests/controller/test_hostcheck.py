@@ -245,7 +245,8 @@ def test_chat_workloads_on_a_build_whose_tokenize_takes_no_messages_fail_the_pla
     assert res["failed"] and "nothing was started" in res["msg"]
     lines = [line.strip() for line in res["msg"].splitlines()[1:]]
     # the baseline measures every cell its phase's configs measure: it has the chat cells too
-    assert lines == [f"{cid}: chat workload 'primes': this build's /tokenize takes no messages (SGLang 0.5.15 on)"
+    assert lines == [f"{cid}: chat workload 'primes': this build's /tokenize takes no messages (SGLang takes "
+                     f"them from 0.5.15 on; llama.cpp's takes a text only)"
                      for cid in ("tp1-autoregressive", "tp1-dflash")], lines
 
 

@@ -66,7 +66,7 @@ def mutate(path: str, value: Any) -> dict[str, Any]:
     ("phases.0.sweeps.0.max_tokens", [-5], "bench_phases[0].sweeps[0].max_tokens[0]: -5 is less than the minimum"),
     ("phases.0.sweeps.0.workloads", ["poem"], "bench_phases[0].sweeps[0].workloads[0]: unknown workload 'poem'"),
     ("phases.0.tp", 8, "bench_phases[0].tp: 8 is above the host's GPU count (4)"),
-    ("engine", "tgi", "bench_engine: 'tgi' is not one of sglang, vllm"),
+    ("engine", "tgi", "bench_engine: 'tgi' is not one of llamacpp, sglang, vllm"),
     ("phases.0.configs.1.speed", 3,
      "bench_phases[0].configs[1].speed: unknown key; allowed keys: block_size, budget, draft_model"),
     ("phases", [], "bench_phases: [] should be non-empty"),

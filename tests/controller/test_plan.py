@@ -266,7 +266,7 @@ def test_build_hides_a_numeric_secret_env_value() -> None:
 @pytest.mark.parametrize("mutation, expected", [
     (lambda s: s["phases"][0].update(tp=8), "bench_phases[0].tp: 8 is above the host's GPU count (0)"),
     (lambda s: s.update(repetitions=0), "bench_repetitions: 0 is less than the minimum of 1"),
-    (lambda s: s.update(engine="tgi"), "bench_engine: 'tgi' is not one of sglang, vllm"),
+    (lambda s: s.update(engine="tgi"), "bench_engine: 'tgi' is not one of llamacpp, sglang, vllm"),
     (lambda s: s["phases"][0]["sweeps"][0].update(workloads=["poem"]),
      "bench_phases[0].sweeps[0].workloads[0]: unknown workload 'poem'"),
     (lambda s: s.pop("model"), "bench_model: is required"),
