@@ -9,7 +9,8 @@ PIP_ARGS ?=
 # Byte-compiles a virtualenv's packages with one worker per core (run by the virtualenv's own Python).
 COMPILE := 'import compileall, sysconfig; compileall.compile_dir(sysconfig.get_path("purelib"), quiet=2, workers=0)'
 
-.PHONY: demo test test-deps test-fast lint pyc venv engine models wheelhouse host-deps rootfs testhosts testhosts-down clean
+.PHONY: demo test test-deps test-fast lint pyc venv engine models wheelhouse llamacpp host-deps rootfs testhosts testhosts-down \
+	clean
 
 # The demo names its run (RUN_ID=... to choose), so that `where` shows this run even when another one ends first.
 DEMO_RUN_ID := $(or $(RUN_ID),$(shell date -u +%Y%m%dT%H%M%SZ))
@@ -18,15 +19,16 @@ demo: pyc engine models
 	$(BIN)/ansible-playbook bench.yml -l local -e run_id=$(DEMO_RUN_ID)
 	@$(BIN)/specfleet where results/$(DEMO_RUN_ID)
 
-# What the tests need is installed first, side by side (the two virtualenvs, the Debian packages and the test
-# hosts' rootfs do not depend on each other), and the lint runs beside the engine's install (it needs only .venv). Two workers; tests that
-# share a resource stay together (tests/conftest.py says which). Ends with the time per folder and the 15 slowest
-# tests.
+# What the tests need is installed first, side by side (the two virtualenvs, the Debian packages, the test hosts'
+# rootfs and llama.cpp's server do not depend on each other), and the lint runs beside the engine's install (it needs
+# only .venv). llama.cpp's server is built once per source and flags outside the clone (`llamacpp`): a first build
+# costs about 7 minutes of both cores. Two workers; tests that share a resource stay together (tests/conftest.py
+# says which). Ends with the time per folder and the 15 slowest tests.
 test: test-deps pyc
 	$(BIN)/python -m pytest -n 2 -rfEs --durations=15 tests
 
 test-deps:
-	$(MAKE) -j 4 host-deps venv engine models wheelhouse rootfs lint
+	$(MAKE) -j 4 host-deps venv engine models wheelhouse rootfs lint gguf-models
 
 # What is not slow (no engine, no test hosts, no role runs), on two workers as `make test` runs them: about a minute.
 test-fast: pyc
@@ -64,10 +66,36 @@ $(ENGINE)/.installed: requirements-engine.txt $(WHEELHOUSE)/.complete
 	$(ENGINE)/bin/python -c $(COMPILE)
 	touch $@
 
-models: $(MODELS)/.built
+# `models` also converts them to GGUF where llama.cpp's source is unpacked (see `gguf-models`).
+LLAMACPP_SRC := .cache/llama.cpp/src
+models: $(MODELS)/.built $(if $(wildcard $(LLAMACPP_SRC)),$(MODELS)/gguf/.built)
 $(MODELS)/.built: tools/build_tiny_models.py tools/tiny_drafters.py $(ENGINE)/.installed
 	$(ENGINE)/bin/python tools/build_tiny_models.py $(MODELS)
 	touch $@
+
+# The tiny models as GGUF for llama.cpp's llama-server (target, draft, dflash, eagle3 .gguf in $(MODELS)/gguf),
+# converted by the converter of the llama.cpp source the server is built from (tools/tiny_gguf.py says how).
+.PHONY: gguf-models
+gguf-models: $(MODELS)/gguf/.built
+$(MODELS)/gguf/.built: tools/tiny_gguf.py tools/tiny_drafters.py $(MODELS)/.built .cache/llama.cpp/llama-server
+	PYTHONPATH=$(LLAMACPP_SRC)/gguf-py:$(LLAMACPP_SRC) $(ENGINE)/bin/python tools/tiny_gguf.py $(LLAMACPP_SRC) $(MODELS)
+	touch $@
+
+# llama.cpp's llama-server, built by the llamacpp role on the local host once per source digest and cmake flags in
+# the user's cache, outside the clone (a fresh clone reuses it); .cache/llama.cpp/llama-server and
+# .cache/llama.cpp/src (llama.cpp's tree: convert_hf_to_gguf.py, gguf-py) link to it. When built, a run changes
+# nothing. Missing build packages are installed as root; otherwise the run names them.
+LLAMACPP := .cache/llama.cpp
+LLAMACPP_CACHE := $${XDG_CACHE_HOME:-$$HOME/.cache}/specfleet/llama.cpp
+# `llamacpp` always asks the role (cheap once built); a target needing the server names $(LLAMACPP)/llama-server,
+# made when missing.
+LLAMACPP_PLAY := $(BIN)/ansible-playbook playbooks/llamacpp.yml -l local -e "llamacpp_cache_dir=$(LLAMACPP_CACHE)" \
+	-e llamacpp_link_dir=$(CURDIR)/$(LLAMACPP) \
+	-e llamacpp_install_system_packages=$$([ "$$(id -u)" = 0 ] && echo true || echo false)
+llamacpp: venv
+	$(LLAMACPP_PLAY)
+$(LLAMACPP)/llama-server: | venv
+	$(LLAMACPP_PLAY)
 
 # Debian packages the host-level tests use (test hosts: debootstrap + systemd-nspawn; LXC passthrough; the HTML
 # report's browser test: chromium + chromium-driver).

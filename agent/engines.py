@@ -178,8 +178,10 @@ class Engine:
         return [*self.entry(program), self.help_arg]
 
     def request(self, model: str, prompt: str | list[int], max_tokens: int, sampling: dict[str, Any],
-                salt: str) -> dict[str, Any]:
-        """The JSON body of one streamed generation request."""
+                salt: str, seed: int = 0) -> dict[str, Any]:
+        """The JSON body of one streamed generation request. `salt` keeps it from an earlier request's cache (vLLM);
+        `seed` (the same for the same cell, repetition and slot in every run) seeds llama.cpp's synthetic
+        acceptance draws, so that a synthetic config accepts the same drafts run after run."""
         temperature = sampling["temperature"]
         ignore_eos = bool(sampling["ignore_eos"])
         if self.name == "vllm":
@@ -190,7 +192,7 @@ class Engine:
             # /completion: every chunk carries the server's running count of generated tokens and (with
             # timings_per_token) of drafted and accepted ones; nothing is served from an earlier request's cache
             return {"prompt": prompt, "n_predict": max_tokens, "temperature": temperature, "ignore_eos": ignore_eos,
-                    "stream": True, "cache_prompt": False, "timings_per_token": True}
+                    "stream": True, "cache_prompt": False, "timings_per_token": True, "seed": seed}
         body: dict[str, Any] = {"stream": True, "sampling_params": {
             "max_new_tokens": max_tokens, "temperature": temperature, "ignore_eos": ignore_eos}}
         body["input_ids" if isinstance(prompt, list) else "text"] = prompt

@@ -11,6 +11,7 @@ import statistics
 import threading
 import time
 import uuid
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -88,6 +89,11 @@ def prompts(cfg: Mapping[str, Any], ep: Endpoint) -> Dict[Tuple[str, int], Promp
     return out
 
 
+def request_seed(tag: str, slot: int) -> int:
+    """A request's seed: the same for a cell's repetition and slot (`tag`: `c<cell>r<rep>`) in every run."""
+    return zlib.crc32(f"{tag}-{slot}".encode())
+
+
 def burst(cfg: Mapping[str, Any], ep: Endpoint, prompt: Prompt, max_tokens: int, n: int,
           tag: str) -> Tuple[List[Dict[str, Any]], float]:
     """`n` identical requests released together, each its own measurement; and the burst's seconds."""
@@ -96,7 +102,7 @@ def burst(cfg: Mapping[str, Any], ep: Endpoint, prompt: Prompt, max_tokens: int,
 
     def one(slot: int) -> Dict[str, Any]:
         body = ep.engine.request(cfg["model"]["name"], prompt, max_tokens, cfg["sampling"],
-                                 salt=f"{tag}-{slot}-{uuid.uuid4().hex[:8]}")
+                                 salt=f"{tag}-{slot}-{uuid.uuid4().hex[:8]}", seed=request_seed(tag, slot))
         gate.wait()
         return {"slot": slot, "started_at": now_iso(),
                 **client.stream(ep.engine, ep.port, body, deadline, ep.host, ep.headers)}
@@ -115,7 +121,8 @@ def open_loop(cfg: Mapping[str, Any], ep: Endpoint, prompt: Prompt, cell: Mappin
     deadline = cfg["timeouts"]["request_s"]
     offsets = arrivals.schedule(cell, rep)
     bodies = [ep.engine.request(cfg["model"]["name"], prompt, cell["max_tokens"], cfg["sampling"],
-                                salt=f"{tag}-{slot}-{uuid.uuid4().hex[:8]}") for slot in range(len(offsets))]
+                                salt=f"{tag}-{slot}-{uuid.uuid4().hex[:8]}", seed=request_seed(tag, slot))
+              for slot in range(len(offsets))]
 
     def one(slot: int, due: float) -> Dict[str, Any]:
         return {"slot": slot, "started_at": now_iso(), "t_due": due,

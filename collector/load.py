@@ -99,7 +99,7 @@ def load_run(root: Path, meanwhile: Optional[Callable[[], Any]] = None, keep_row
             run.problems.append(p)
             continue
         f, c = files[id(p)], p.result
-        c.cells, c.first, c.count, c.rows = f.cells, f.first, f.count, f.rows
+        c.cells, c.first, c.count, c.rows, c.spec = f.cells, f.first, f.count, f.rows, f.spec
         run.problems += f.problems
         if c.status["status"] == "ok" and not f.count and f.blank:
             run.problems.append(f"{p.path}: empty, though status.json says ok; its cells have no data")

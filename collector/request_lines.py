@@ -19,7 +19,7 @@ import gc
 import json
 import math
 from dataclasses import dataclass, field
-from operator import attrgetter
+from operator import attrgetter, eq
 from pathlib import Path
 from typing import Any, Callable, Iterator, Literal, Optional, Union
 
@@ -29,7 +29,7 @@ from agent import bounded, records
 from agent.records import plain_line, plain_rows
 
 from . import forked
-from .results import CellRows
+from .results import CellRows, SpecRows
 from .serving import Serving
 from .stats import summary
 
@@ -41,6 +41,11 @@ except ImportError:  # the plain reader alone: the same result, several times sl
 # The numbers the report reads of a valid request line, besides its cell and repetition (records.CELL, rep) and ok.
 NUMBERS = ("output_tok_s", "tpot_s", "accept_length", "ttft_s", "sent_s", "done_s", "completion_tokens", "e2e_s",
            "chunk_gap_max_s", "scheduled_s")
+# What the acceptance table reads of a line besides ok (results.SpecRows), summed up per file, never kept as columns:
+# its speculative counts, and whether its accept_scope is `burst` (BURST_SCOPE).
+SPEC = ("spec_steps", "spec_accepted_tokens", "spec_draft_tokens")
+BURST_SCOPE = "burst_scope"
+_is_burst = functools.partial(eq, "burst")  # eq("burst", None) is False, where "burst".__eq__(None) is not
 PARALLEL_BYTES = 64 << 20  # requests.jsonl bytes from which a run's files are read by several processes at once
 # Bytes at which str.splitlines() also breaks lines (after universal newlines made \r and \r\n a \n): a file
 # that holds any is read the plain way, so that its lines are numbered as they always were.
@@ -63,6 +68,7 @@ class RequestFile:
     problems: list[str] = field(default_factory=list)
     blank: bool = False
     rows: Optional[dict[str, np.ndarray]] = None  # the valid lines by column (`row_columns`), when asked for
+    spec: SpecRows = field(default_factory=SpecRows)  # what the acceptance table reads of the ok lines
 
 
 
@@ -137,13 +143,15 @@ def _read_whole(path: Path) -> bytes:
 class _Columns:
     """What the report reads of the valid lines, by column, added a piece of the file at a time while the
     piece's objects are still in the CPU's cache: the first line of each (cell, repetition) pair (`bursts`,
-    insertion-ordered), each line's pair as that first line's number, ok, and NUMBERS as floats (NaN: null)."""
+    insertion-ordered), each line's pair as that first line's number, ok, NUMBERS and SPEC as floats (NaN: null),
+    and BURST_SCOPE."""
 
     def __init__(self, key: Callable[[Any], tuple[Any, ...]], get: Callable[[Any, str], Any]) -> None:
         self.key, self.get = key, get
         self.bursts: dict[tuple[Any, ...], int] = {}
         self.n = 0
-        self.parts: dict[str, list[np.ndarray]] = {"burst": [], "ok": [], **{k: [] for k in NUMBERS}}
+        self.parts: dict[str, list[np.ndarray]] = {"burst": [], "ok": [], BURST_SCOPE: [],
+                                                   **{k: [] for k in (*NUMBERS, *SPEC)}}
 
     def add(self, rows: list[Any]) -> None:
         m = len(rows)
@@ -151,13 +159,15 @@ class _Columns:
         parts["burst"].append(np.fromiter(map(self.bursts.setdefault, map(self.key, rows), range(self.n, self.n + m)),
                                           dtype=np.int64, count=m))
         parts["ok"].append(np.array([get(r, "ok") for r in rows] if m else [], dtype=bool))
-        for k in NUMBERS:
+        parts[BURST_SCOPE].append(np.array([_is_burst(get(r, "accept_scope")) for r in rows] if m else [], dtype=bool))
+        for k in (*NUMBERS, *SPEC):
             parts[k].append(np.array([get(r, k) for r in rows] if m else [], dtype=float))
         self.n += m
 
     def column(self, name: str) -> np.ndarray:
         got = self.parts[name]
-        return np.concatenate(got) if got else np.zeros(0, dtype={"burst": np.int64, "ok": bool}.get(name, float))
+        return np.concatenate(got) if got else np.zeros(0, dtype={"burst": np.int64, "ok": bool,
+                                                                   BURST_SCOPE: bool}.get(name, float))
 
 
 class _Fast(_Columns):
@@ -165,7 +175,8 @@ class _Fast(_Columns):
 
     def __init__(self) -> None:
         super().__init__(attrgetter(*records.CELL, "rep"), getattr)
-        self.getters = {k: attrgetter(k) for k in ("ok", *NUMBERS)}
+        self.getters = {k: attrgetter(k) for k in ("ok", *NUMBERS, *SPEC)}
+        self.scope = attrgetter("accept_scope")
 
     def add(self, rows: list[Any]) -> None:
         m = len(rows)
@@ -174,6 +185,7 @@ class _Fast(_Columns):
                                           dtype=np.int64, count=m))
         for k, get in self.getters.items():
             parts[k].append(np.array(list(map(get, rows)), dtype=bool if k == "ok" else float))
+        parts[BURST_SCOPE].append(np.fromiter(map(_is_burst, map(self.scope, rows)), dtype=bool, count=m))
         self.n += m
 
 
@@ -296,6 +308,28 @@ def _cells(cols: _Columns) -> list[CellRows]:
     return out
 
 
+def spec_rows(cols: _Columns) -> SpecRows:
+    """What the acceptance table reads of the ok lines (results.SpecRows): a line's spec_steps s counts where it is
+    above 0, its spec_accepted_tokens a and spec_draft_tokens d where they are there."""
+    ok = cols.column("ok")
+    s, a, d = (cols.column(k)[ok] for k in SPEC)
+    out = SpecRows(requests=int(ok.sum()), burst=int(cols.column(BURST_SCOPE)[ok].sum()))
+    stepped = np.nan_to_num(s) > 0
+    out.with_steps = int(stepped.sum())
+    use = stepped & ~np.isnan(a)
+    if use.any():
+        a_used, s_used = a[use], s[use]
+        out.n, out.accepted, out.steps = int(use.sum()), float(a_used.sum()), float(s_used.sum())
+        out.residual_ss = float(np.sum((a_used - out.accepted / out.steps * s_used) ** 2))
+    drafted = ~np.isnan(d) & ~np.isnan(a)
+    out.drafted_rows = int(drafted.sum())
+    out.drafted, out.drafted_accepted = float(d[drafted].sum()), float(a[drafted].sum())
+    per_step = stepped & ~np.isnan(d)
+    out.per_step_rows = int(per_step.sum())
+    out.per_step_drafted, out.per_step_steps = float(d[per_step].sum()), float(s[per_step].sum())
+    return out
+
+
 ROW_KEYS = (*records.CELL, "rep")  # what row_columns gives of each line besides ok and NUMBERS
 
 
@@ -332,7 +366,7 @@ def read_cells(path: Path, keep: bool = False) -> RequestFile:
             rows = plain_rows(path, bounded.read_bytes(path, bounded.REQUESTS), out.problems)
             got = _plain_columns(rows), (rows[0] if rows else None)
         cols, out.first = got
-        out.cells, out.count = _cells(cols), cols.n
+        out.cells, out.count, out.spec = _cells(cols), cols.n, spec_rows(cols)
         if keep:
             out.rows = row_columns(cols)
         if not out.count:

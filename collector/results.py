@@ -1,5 +1,6 @@
-"""A run's results as the collector holds them: the run (`Run`), each config's (`ConfigResult`) and, per cell of a
-config, what the report reads of its valid request lines (`CellRows`)."""
+"""A run's results as the collector holds them: the run (`Run`), each config's (`ConfigResult`), per cell of a
+config what the report reads of its valid request lines (`CellRows`), and what the acceptance table reads of them
+(`SpecRows`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -31,6 +32,26 @@ class CellRows:
 
 
 @dataclass
+class SpecRows:
+    """What the acceptance table (collector.tables.acceptance) reads of a config's ok request lines, summed up where
+    they are read, as CellRows is: a = spec_accepted_tokens, s = spec_steps, d = spec_draft_tokens of a line."""
+
+    requests: int = 0  # ok lines
+    with_steps: int = 0  # of those, the lines whose s > 0
+    n: int = 0  # of those, the lines that carry a too: the acceptance length's
+    accepted: float = 0.0  # their Σ a
+    steps: float = 0.0  # their Σ s
+    residual_ss: float = 0.0  # their Σ (a - R s)², R = Σ a / Σ s (the ratio estimator's spread)
+    drafted: float = 0.0  # Σ d over the ok lines that carry both d and a
+    drafted_accepted: float = 0.0  # Σ a over the same lines
+    drafted_rows: int = 0  # how many
+    per_step_drafted: float = 0.0  # Σ d over the ok lines that carry d and s > 0
+    per_step_steps: float = 0.0  # Σ s over the same lines
+    per_step_rows: int = 0  # how many
+    burst: int = 0  # ok lines with accept_scope `burst` (their steps are the burst's, not their own)
+
+
+@dataclass
 class ConfigResult:
     host: str
     config_id: str
@@ -41,6 +62,7 @@ class ConfigResult:
     count: int = 0  # how many request lines were valid
     source: Optional[Path] = None  # its requests.jsonl, where there is one
     rows: Optional[dict[str, np.ndarray]] = None  # its valid request lines by column, when load_run kept them
+    spec: SpecRows = field(default_factory=SpecRows)  # what the acceptance table reads of its ok lines
 
     @property
     def requests(self) -> list[dict[str, Any]]:

@@ -1,8 +1,10 @@
 """Cells and figures in words, the same in every output, in `compare`, in `history` and in the controller's plan: the
-cell's key (agent.records.CELL), a cell and its load in words, and numbers that may be missing (None, NaN, pandas'
-NA) as floats or text. The standard library and agent.records only: the plan imports it without pandas or numpy."""
+cell's key (agent.records.CELL), a cell and its load in words, a config's method parameters in words, and numbers
+that may be missing (None, NaN, pandas' NA) as floats or text. The standard library and agent.records only: the plan
+imports it without pandas or numpy."""
 from __future__ import annotations
 
+import json
 import math
 import numbers
 from typing import Any, Mapping
@@ -70,6 +72,26 @@ def cell_words(cell: Mapping[str, Any], leave_out: str = "") -> str:
     if load:
         parts.append(load)
     return ", ".join(parts)
+
+
+def params_words(method_params: Any) -> str:
+    """`num_speculative_tokens 3, synth_len 2.5`: a config's method parameters (an object, as config.json holds them,
+    or its JSON text, as the table does) by name, floats as `:g` writes them, a list's items joined by `/`; empty
+    for none."""
+    if isinstance(method_params, str):
+        try:
+            method_params = json.loads(method_params)
+        except ValueError:
+            return method_params
+    if not isinstance(method_params, Mapping):
+        return ""
+
+    def value(v: Any) -> str:
+        if isinstance(v, list):
+            return "/".join(map(value, v))
+        return format(v, "g") if isinstance(v, float) else str(v)
+
+    return ", ".join(f"{k} {value(v)}" for k, v in method_params.items())
 
 
 def tok_words(mean: Any, std: Any, n: Any, unit: str = "") -> str:

@@ -212,6 +212,7 @@ OWN = ("Environment", "Problems in the results (skipped)")
 NAMED = (("Speedup vs", "by-workload", "by workload"), ("Checks that did not pass", "checks", "checks"),
          ("Where speculation pays", "pays", "where it pays"), ("Baseline alone vs packed", "pack-check", "pack check"),
          ("Across hosts", "across-hosts", "across hosts"), ("DDTree budgets", "ddtree-vs-dflash", "DDTree vs DFlash"),
+         ("Acceptance per config", "acceptance", "acceptance per config"),
          ("Time per config", "timing", "time per config"))
 
 

@@ -1,6 +1,6 @@
 """report.json: the run's metadata, the speedup table's rows, where speculation pays (the crossovers), the spread
-across hosts, DDTree against DFlash, the pack checks, the time per config and the problems met while reading the
-results."""
+across hosts, DDTree against DFlash, the pack checks, the acceptance per config, the time per config and the
+problems met while reading the results."""
 from __future__ import annotations
 
 import json
@@ -13,6 +13,7 @@ from agent.records import INF
 
 from .. import crossover
 from ..results import Run
+from ..tables.acceptance import acceptance
 from ..tables.cross_host import cross_host
 from ..tables.ddtree_vs_dflash import ddtree_vs_dflash, dflash_alone
 from ..tables.pack_check import pack_check
@@ -34,7 +35,8 @@ def render(run: Run, df: pd.DataFrame) -> str:
                            "cross_host": _rows(cross_host(df)),
                            "ddtree_vs_dflash": _rows(ddtree_vs_dflash(run, df)),
                            "dflash_without_ddtree": dflash_alone(run, df),
-                           "baseline_alone_vs_packed": _rows(pack_check(run)), "time_per_config": _rows(timing(run)),
+                           "baseline_alone_vs_packed": _rows(pack_check(run)),
+                           "acceptance_per_config": _rows(acceptance(run)), "time_per_config": _rows(timing(run)),
                            "problems": run.problems}) + "\n"
 
 

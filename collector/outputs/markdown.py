@@ -1,6 +1,7 @@
 """report.md and the terminal's report: within WIDTH columns (`wide`: every table whole, and the full table too),
 the hosts' environment, the hand-run style lines, per host and tp a row per cell with a column per method, then the
-checks that did not pass, the pack check, the spread across hosts, DDTree against DFlash and the time per config."""
+checks that did not pass, the pack check, the spread across hosts, DDTree against DFlash, the acceptance per config
+and the time per config."""
 from __future__ import annotations
 
 from typing import Any
@@ -12,6 +13,8 @@ from ..environment import environment
 from ..mdtable import pipe_rows, pipe_table
 from ..results import Run
 from ..tables import PAIR, row_dicts
+from ..tables.acceptance import INTERVAL, acceptance
+from ..tables.acceptance import WHAT as ACCEPTANCE
 from ..tables.cross_host import cross_host
 from ..tables.ddtree_vs_dflash import NO_OVERLAP_FLAG, ddtree_vs_dflash, dflash_alone
 from ..tables.pack_check import pack_check
@@ -333,6 +336,34 @@ def timing_markdown(run: Run, wide: bool) -> list[str]:
     return md + _table(rows, ["host", "config_id"], wide)
 
 
+def acceptance_markdown(run: Run, wide: bool) -> list[str]:
+    """acceptance(run) in markdown: each figure defined (acceptance.WHAT), each config's method and parameters as a
+    list item (a column of them would not fit WIDTH beside a long config id), then a row per config, the acceptance
+    length with its interval in one column (as the speedup is); nothing for a run without a speculative config. Not
+    `wide`: split by columns to fit WIDTH."""
+    t = acceptance(run)
+    if t.empty:
+        return []
+    md = ["## Acceptance per config", "",
+          *_text("Per speculative config, over its ok timed requests, from each request's verify steps (spec_steps), "
+                 "accepted draft tokens (spec_accepted_tokens) and drafted tokens (spec_draft_tokens) as the server "
+                 "counted them:", wide)]
+    for column, what in ACCEPTANCE.items():
+        md += _text(f"- {column}: {what}" + (f"; in brackets, {INTERVAL}" if column == "accept_length" else ""), wide)
+    md += ["", *_text("A blank: the config's requests do not carry what the figure takes. The configs, each with its "
+                      "method and parameters:", wide)]
+    found = row_dicts(t)
+    for r in found:
+        md += _text(f"- {r['host']} `{r['config_id']}`: {', '.join(x for x in (r['method'], r['params']) if x)}", wide)
+    rows = [{"host": str(r["host"]), "config_id": str(r["config_id"]), "requests": str(r["requests"]),
+             "requests_with_steps": str(r["requests_with_steps"]),
+             "accept_length": ratio_words(r["accept_length"], r["accept_length_ci_low"], r["accept_length_ci_high"]),
+             "acceptance_rate": fixed(r["acceptance_rate"], 3),
+             "draft_tokens_per_step": fixed(r["draft_tokens_per_step"], 2), "burst_rows": str(r["burst_rows"]),
+             "counters": "" if na(r["counters"]) else str(r["counters"])} for r in found]
+    return md + ["", *_table(rows, ["host", "config_id"], wide)]
+
+
 def render(run: Run, df: pd.DataFrame, wide: bool = False) -> str:
     """The report in markdown from the speedup table `df` (tables.speedup.table): within WIDTH columns, its main
     table the methods as columns per cell; `wide` adds the full table and lays every table out whole."""
@@ -352,7 +383,7 @@ def render(run: Run, df: pd.DataFrame, wide: bool = False) -> str:
     for section in (pays_markdown(df, crossover.table(df), wide), pack_markdown(pack_check(run), wide),
                     cross_host_markdown(df, wide),
                     vs_markdown(run, ddtree_vs_dflash(run, df), wide, dflash_alone(run, df)),
-                    timing_markdown(run, wide)):
+                    acceptance_markdown(run, wide), timing_markdown(run, wide)):
         if section:
             md += ["", *section]
     if run.problems:  # each whole on its line, for the file (and line) it names

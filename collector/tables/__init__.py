@@ -1,6 +1,7 @@
 """The report's tables, one module each, computed once per run and rendered by `collector.outputs`: `speedup` (the
 speedup table: a row per host, engine, model, tp, cell and config, each spec row paired with its autoregressive
-baseline), `ddtree_vs_dflash`, `pack_check`, `cross_host` and `timing` (the time per config).
+baseline), `ddtree_vs_dflash`, `pack_check`, `cross_host`, `acceptance` (the acceptance per config) and `timing` (the
+time per config).
 
 Here, without pandas (the history store's schema takes them): the speedup table's key and columns, and the rows of
 any of the tables as dicts."""

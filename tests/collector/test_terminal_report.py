@@ -226,7 +226,7 @@ def test_wrap_keeps_the_mark_and_paths_whole() -> None:
 
 SECTIONS = ["Environment", "Speedup vs the autoregressive baseline", "Checks that did not pass, and packing",
             "Where speculation pays", "Baseline alone vs packed", "Across hosts", "DDTree budgets against DFlash",
-            "Time per config (seconds)", "Problems in the results (skipped)"]
+            "Acceptance per config", "Time per config (seconds)", "Problems in the results (skipped)"]
 TP1_ORDER = ["autoregressive", "dflash", "dflash-nooverlap", *(f"ddtree-b{b}" for b in (8, 12, 15, 16, 32, 64)),
              LONG_ID]
 

@@ -24,6 +24,7 @@ PLAYBOOKS = {
     "bench.yml": ("local", "bench_report"),
     "playbooks/pull.yml": ("local", "bench_pull"),
     "playbooks/engine.yml": ("local", "engine_venv_install"),
+    "playbooks/llamacpp.yml": ("local", "llamacpp_build"),
 }
 ALWAYS = "always"
 TASK = re.compile(r"^ {6}(?:(?P<role>\w+) : )?(?P<name>.+?)\tTAGS: \[(?P<tags>[^\]]*)\]$", re.M)
