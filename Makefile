@@ -92,14 +92,15 @@ LLAMACPP_CACHE := $${XDG_CACHE_HOME:-$$HOME/.cache}/specfleet/llama.cpp
 LLAMACPP_PLAY := $(BIN)/ansible-playbook playbooks/llamacpp.yml -l local -e "llamacpp_cache_dir=$(LLAMACPP_CACHE)" \
 	-e llamacpp_link_dir=$(CURDIR)/$(LLAMACPP) \
 	-e llamacpp_install_system_packages=$$([ "$$(id -u)" = 0 ] && echo true || echo false)
-llamacpp: venv
+llamacpp: venv host-deps
 	$(LLAMACPP_PLAY)
-$(LLAMACPP)/llama-server: | venv
+$(LLAMACPP)/llama-server: | venv host-deps
 	$(LLAMACPP_PLAY)
 
 # Debian packages the host-level tests use (test hosts: debootstrap + systemd-nspawn; LXC passthrough; the HTML
-# report's browser test: chromium + chromium-driver).
-HOST_DEPS := debootstrap systemd-container lxc chromium chromium-driver
+# report's browser test: chromium + chromium-driver) and llama.cpp's build (installed here, before the llamacpp role
+# looks for them: one apt at a time).
+HOST_DEPS := debootstrap systemd-container lxc chromium chromium-driver cmake ninja-build g++
 host-deps:
 	@missing=$$(for p in $(HOST_DEPS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
