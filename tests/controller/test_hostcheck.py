@@ -299,3 +299,34 @@ def test_a_model_shorter_than_the_longest_request_fails_the_plan_where_no_length
             "--max-model-len/--context-length)")
     assert lines and all(want in line for line in lines) and any(line.startswith("tp1-autoregressive:")
                                                                   for line in lines), lines
+
+
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_a_drafter_not_on_the_host_yet_is_listed_in_check_mode_and_refused_by_a_run(
+        host: dict[str, Any], check_mode: bool) -> None:
+    absent = str(host["root"] / "not-built-yet")  # e.g. `make models` has not run on a clean clone
+    suite = {**host["suite"], "draft_model": {**host["suite"]["draft_model"], "path": absent}}
+    args = {"suite": suite, "run_id": "r1", "host_dir": "/var/lib/specfleet", "agent_python": "/usr/bin/python3",
+            "limits": {}, "phases": "tp1"}
+    res = plan.build(args, {"inventory_hostname": "ct200", "ansible_check_mode": check_mode},
+                     asker(host["root"], V0511))
+    dflash = [c["config_id"] for c in res.get("configs") or [] if c["method"] in ("dflash", "ddtree")]
+    line = f"drafter {absent}: no model there on the host"
+    if check_mode:  # nothing fails: the plan names each config a real run would refuse now
+        assert not res.get("failed"), res.get("msg")
+        text = "\n".join(res["plan_lines"])
+        assert "ct200: a run now would refuse these configs, their drafters not on the host yet:" in text
+        assert dflash and all(f"  {cid}: {line}" in text for cid in dflash), text[-3000:]
+    else:  # a real run refuses them before anything starts
+        assert res["failed"] and "(nothing was started)" in res["msg"] and line in res["msg"], res.get("msg")
+
+
+def test_check_mode_still_fails_a_drafter_problem_that_no_build_step_cures(host: dict[str, Any]) -> None:
+    # a drafter that is there but cannot serve its target (here: it taps a target layer that is not there) fails in
+    # check mode too: no `make models` will change it
+    (host["root"] / "draft" / "config.json").write_text(json.dumps(
+        {"num_hidden_layers": 5, "dflash_config": {"target_layer_ids": [1, 999]}}))
+    args = {"suite": host["suite"], "run_id": "r1", "host_dir": "/var/lib/specfleet",
+            "agent_python": "/usr/bin/python3", "limits": {}, "phases": "tp1"}
+    res = plan.build(args, {"inventory_hostname": "ct200", "ansible_check_mode": True}, asker(host["root"], V0511))
+    assert res.get("failed") and "(nothing was started)" in res["msg"], res.get("msg") or res["plan_lines"][-5:]
