@@ -29,8 +29,23 @@ SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 ACCEPT_TOLERANCE = 0.01
 
 
+ROUNDED = re.compile(r"^[+-]?\d(?:\.(\d*))?[eE]([+-]?\d+)$")
+BLUR = "~"  # `<key>~`: how far a reading's printed figure may lie from the counter (half its last printed digit)
+
+
+def blur(text: str) -> float:
+    """How far a printed counter may lie from its value: llama.cpp prints its counters as C++ streams print a
+    double, six significant digits (`1.23457e+06`), so from a million on they are rounded; 0 for a figure printed
+    whole."""
+    m = ROUNDED.match(text)
+    if not m:
+        return 0.0
+    return 0.5 * 10.0 ** (int(m.group(2)) - len(m.group(1) or ""))
+
+
 def parse(text: str, names: Mapping[str, str]) -> Dict[str, float]:
-    """{key: value summed over every label set} for the metric names asked (Prometheus text format)."""
+    """{key: value summed over every label set} for the metric names asked (Prometheus text format), and for a
+    figure printed rounded, `<key>~` its rounding (`blur`)."""
     wanted = {v: k for k, v in names.items()}
     out: Dict[str, float] = {}
     for line in text.splitlines():
@@ -44,6 +59,8 @@ def parse(text: str, names: Mapping[str, str]) -> Dict[str, float]:
         if math.isfinite(value):
             key = wanted[m.group(1)]
             out[key] = out.get(key, 0.0) + value
+            if blur(m.group(3)):
+                out[key + BLUR] = out.get(key + BLUR, 0.0) + blur(m.group(3))
     return out
 
 
@@ -80,8 +97,9 @@ def steps_of_burst(engine: Engine, port: int, host: str, headers: Optional[Dict[
         return None
     steps, accepted = _delta(last, now, "drafts"), _delta(last, now, "accepted_tokens")
     ok = [r for r in rows if r.get("ok")]
-    if steps is None or accepted is None or not ok or len(ok) != len(rows):
-        return now
+    rounded = any(k + BLUR in m for k in ("drafts", "accepted_tokens") for m in (last, now))
+    if steps is None or accepted is None or not ok or len(ok) != len(rows) or rounded:
+        return now  # (a counter printed rounded cannot give a burst's steps exactly: none are claimed)
     steps_i, accepted_i = int(round(steps)), int(round(accepted))
     if steps_i <= 0:
         return now
@@ -98,6 +116,12 @@ def _delta(before: Mapping[str, float], after: Mapping[str, float], key: str) ->
     return after[key] - before[key] if key in before and key in after else None
 
 
+def _same(before: Mapping[str, float], after: Mapping[str, float], key: str, server: float, rows: float) -> bool:
+    """The server's difference equals the rows' figure, exactly, or within the two readings' rounding."""
+    return abs(server - rows) <= before.get(key + BLUR, 0.0) + after.get(key + BLUR, 0.0) or \
+        int(round(server)) == int(rows)
+
+
 def check(before: Optional[Mapping[str, float]], after: Optional[Mapping[str, float]],
           rows: List[Mapping[str, Any]], speculative: bool) -> Dict[str, Any]:
     """The status.json `counters` field: each check with the server's and the rows' figure, and the verdict
@@ -108,7 +132,8 @@ def check(before: Optional[Mapping[str, float]], after: Optional[Mapping[str, fl
     gen = _delta(before, after, "generation_tokens")
     tokens = sum(int(r.get("completion_tokens") or 0) for r in rows)
     if gen is not None:
-        checks["generation_tokens"] = {"server": int(round(gen)), "rows": tokens, "ok": int(round(gen)) == tokens}
+        checks["generation_tokens"] = {"server": int(round(gen)), "rows": tokens,
+                                       "ok": _same(before, after, "generation_tokens", gen, tokens)}
     done = _delta(before, after, "requests")
     if done is not None:
         checks["requests"] = {"server": int(round(done)), "rows": len(rows), "ok": int(round(done)) == len(rows)}
@@ -126,12 +151,14 @@ def check(before: Optional[Mapping[str, float]], after: Optional[Mapping[str, fl
     drafted = _delta(before, after, "draft_tokens")
     if speculative and drafted is not None and drafted_each and all(isinstance(t, int) for t in drafted_each):
         total = sum(drafted_each)  # type: ignore[arg-type]
-        checks["draft_tokens"] = {"server": int(round(drafted)), "rows": total, "ok": int(round(drafted)) == total}
+        checks["draft_tokens"] = {"server": int(round(drafted)), "rows": total,
+                                  "ok": _same(before, after, "draft_tokens", drafted, total)}
     took_each = [r.get("spec_accepted_tokens") for r in rows if r.get("ok")]
     if speculative and accepted is not None and took_each and all(isinstance(t, int) for t in took_each):
         # exactly, request by request summed (llama.cpp's answers carry them without their verify steps)
         took = sum(int(r.get("spec_accepted_tokens") or 0) for r in rows)
-        checks["accepted_tokens"] = {"server": int(round(accepted)), "rows": took, "ok": int(round(accepted)) == took}
+        checks["accepted_tokens"] = {"server": int(round(accepted)), "rows": took,
+                                     "ok": _same(before, after, "accepted_tokens", accepted, took)}
     if speculative and drafts and accepted is not None and steps and all(isinstance(s, int) for s in steps) and not own:
         total_steps = sum(steps)  # type: ignore[arg-type]
         rows_acc = sum(int(r.get("spec_accepted_tokens") or 0) for r in rows if r.get("ok"))

@@ -143,3 +143,18 @@ def test_sglang_verify_steps_are_checked_where_the_server_counts_them() -> None:
                          counters.parse(old % (74, 3), SGLANG.counters or {}), rows([32, 32], [12, 14], [19, 17]),
                          speculative=True)
     assert got["verdict"] == "ok" and "verify_steps" not in got
+
+
+def test_a_counter_printed_rounded_is_judged_within_its_rounding() -> None:
+    # llama.cpp prints counters as a C++ stream prints a double: six significant digits
+    names = {"generation_tokens": "llamacpp:tokens_predicted_total", "drafts": "llamacpp:spec_decode_num_drafts_total"}
+    before = counters.parse("llamacpp:tokens_predicted_total 1.23457e+06\n", names)
+    after = counters.parse("llamacpp:tokens_predicted_total 1.23469e+06\n", names)
+    assert before["generation_tokens~"] == 5.0 and counters.blur("2048") == 0.0 and counters.blur("3.5e+02") == 5.0
+    rows = [{"ok": True, "completion_tokens": 64}] * 2  # 128 tokens; the printed difference reads 120
+    assert counters.check(before, after, rows, False)["verdict"] == "ok"
+    far = [{"ok": True, "completion_tokens": 64}] * 3  # 192: beyond the two readings' rounding (±10)
+    assert counters.check(before, after, far, False)["verdict"] == "suspect"
+    exact = counters.parse("llamacpp:tokens_predicted_total 1200\n", names)
+    assert counters.check(exact, counters.parse("llamacpp:tokens_predicted_total 1320\n", names), rows,
+                          False)["verdict"] == "suspect"  # printed whole: exactly or not at all
