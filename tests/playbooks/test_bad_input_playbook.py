@@ -89,7 +89,7 @@ def test_extra_vars_of_the_wrong_type_fail_the_role_argument_spec(bench: Bench) 
     assert "Validation of arguments failed" in out
     assert "argument 'bench_repetitions' is of type str and we were unable to convert to int" in out
     assert "option 'bench_phases' is of type str and we were unable to convert to dict" in out
-    assert "value of bench_engine must be one of: vllm, sglang, got: tgi" in out
+    assert "value of bench_engine must be one of: vllm, sglang, llamacpp, got: tgi" in out
     assert "argument 'bench_gpu_count' is of type str and we were unable to convert to int" in out
 
 

@@ -11,6 +11,7 @@ import json
 import math
 import re
 
+import jsonschema
 import pytest
 
 from tests.readme import ROOT, typed
@@ -36,6 +37,10 @@ def test_the_llamacpp_profile_reports_synthetic_acceptance_as_set() -> None:
     host = folder / "local-llamacpp"
     status = {cid: json.loads((host / cid / "status.json").read_text()) for cid in CONFIGS}
     assert {c: s["status"] for c, s in status.items()} == dict.fromkeys(CONFIGS, "ok"), status
+    schema = jsonschema.Draft202012Validator(json.loads((ROOT / "schemas/requests.jsonl.schema.json").read_text()))
+    for cid in CONFIGS:  # llama.cpp's rows as the published contract has them
+        for line in (host / cid / "requests.jsonl").read_text().splitlines():
+            schema.validate(json.loads(line))
     info = json.loads((host / "host.json").read_text())["engine"]
     assert info["name"] == "llamacpp" and info["version"] and info["build"]["sha256"], info
     report = json.loads((folder / "report.json").read_text())
