@@ -6,9 +6,9 @@ MODELS_DIR/gguf (F16 weights, F32 norms: the converter's `f16`, which llama.cpp'
 
 - `target.gguf`: the 2-layer Llama target (MODELS_DIR/target);
 - `draft.gguf`: the 1-layer draft model (MODELS_DIR/draft), for `--spec-type draft-simple`;
-- `dflash.gguf`: a DFlash drafter (`--spec-type draft-dflash`); llama.cpp reads its block size
-  (DFLASH_BLOCK_SIZE) from the file and drafts at most block size - 1 tokens a step (`--spec-draft-n-max`, default 3,
-  is clamped to that);
+- `dflash.gguf`: a DFlash drafter (`--spec-type draft-dflash`) of block size 4 (GGUF_DFLASH_BLOCK), as the
+  profile's `dflash-blk4` names it: llama.cpp reads the block from the file and computes a whole block each step,
+  drafting at most block size - 1 tokens (`--spec-draft-n-max`);
 - `eagle3.gguf`: an EAGLE-3 drafter (`--spec-type draft-eagle3`).
 
 The two drafters are not MODELS_DIR/dflash and MODELS_DIR/eagle3 (those stay as vLLM uses them) but variants
@@ -42,7 +42,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Dict, List, Optional, Tuple
 
-from tiny_drafters import DFLASH_BLOCK_SIZE, build_dflash, build_eagle3  # beside this file
+from tiny_drafters import build_dflash, build_eagle3  # beside this file
+
+GGUF_DFLASH_BLOCK = 4  # the block llama.cpp's DFlash computes each step (vLLM's drafter keeps its own)
 
 PRE_TOKENIZER = "gpt-2"
 
@@ -95,7 +97,7 @@ def build(src: Path, models: Path) -> Dict[str, Path]:
     logging.basicConfig(level=logging.WARNING)
     target, gdir = models / "target", models / "gguf"
     dflash_ids, eagle3_ids = llama_taps(target)
-    hf = {"dflash": build_dflash(target, gdir / "hf" / "dflash", block_size=DFLASH_BLOCK_SIZE,
+    hf = {"dflash": build_dflash(target, gdir / "hf" / "dflash", block_size=GGUF_DFLASH_BLOCK,
                                  target_layer_ids=dflash_ids),
           "eagle3": build_eagle3(target, gdir / "hf" / "eagle3", aux_layer_ids=eagle3_ids)}
     jobs = {"target": (target, None), "draft": (models / "draft", None),
