@@ -178,8 +178,8 @@ def drafter_problems(cfg: Mapping[str, Any], drafter: Optional[Mapping[str, Any]
     if not isinstance(config, dict):
         if drafter.get("config_problem") or drafter.get("weights_bytes") is not None or HUB_ID.fullmatch(str(path)):
             return []
-        return [(Reason.MISSING_MODEL, f"drafter {path}: no model there on the host (no config.json; "
-                                       f"draft_model.path)")]
+        what = "no such file" if str(path).endswith(".gguf") else "no config.json"  # llama.cpp's: one GGUF file
+        return [(Reason.MISSING_MODEL, f"drafter {path}: no model there on the host ({what}; draft_model.path)")]
     out: List[Tuple[Reason, str]] = []
     shape, own = _text(config), _text((target or {}).get("config") or {})
     layers = _int(own.get("num_hidden_layers"))

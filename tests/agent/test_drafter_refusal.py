@@ -41,8 +41,8 @@ def _edit(folder: Path, **fields: Any) -> Path:
 def build_drafters(root: Path) -> Dict[str, Path]:
     """The target (`target`) and every drafter the cases name, built under `root`; `absent` names nothing."""
     target = fake_target(root / "target", layers=LAYERS, vocab=VOCAB)
-    out = {"target": target, "absent": root / "absent", **tiny_drafters.build_drafters(target, root),
-           **tiny_drafters.bad_drafters(target, root)}
+    out = {"target": target, "absent": root / "absent", "absent.gguf": root / "absent.gguf",
+           **tiny_drafters.build_drafters(target, root), **tiny_drafters.bad_drafters(target, root)}
     # every tap of the target (0 before its first layer, i after layer i - 1) and one past its last
     out["eagle3-past-layers"] = tiny_drafters.build_eagle3(target, root / "eagle3-past-layers",
                                                            aux_layer_ids=range(LAYERS + 2))
@@ -95,6 +95,8 @@ CASES = [
     Case("missing-dflash", "vllm", DFLASH8, "absent", MISSING, NOTHING),
     Case("missing-dflash-sglang", "sglang", DFLASH8, "absent", MISSING, NOTHING),
     Case("missing-eagle3", "vllm", EAGLE3, "absent", MISSING, NOTHING),
+    Case("missing-gguf-llamacpp", "llamacpp", {"method": "dflash", "block_size": 4}, "absent.gguf", MISSING,
+         ("no model there on the host", "no such file", "draft_model.path")),  # llama.cpp's drafter: one file
     # a block larger than the drafter's: given, or left to vLLM, which runs 16 whatever the drafter says
     Case("block-given-dflash", "vllm", DFLASH16, "dflash", BAD, ("block_size 16, ", *BUILT_FOR_8)),
     Case("block-given-dflash-sglang", "sglang", DFLASH16, "dflash", BAD, ("block_size 16, ", *BUILT_FOR_8)),
