@@ -96,15 +96,12 @@ def steps_of_burst(engine: Engine, port: int, host: str, headers: Optional[Dict[
     if now is None:
         return None
     steps, accepted = _delta(last, now, "drafts"), _delta(last, now, "accepted_tokens")
-    ok = [r for r in rows if r.get("ok")]
     rounded = any(k + BLUR in m for k in ("drafts", "accepted_tokens") for m in (last, now))
-    if steps is None or accepted is None or not ok or len(ok) != len(rows) or rounded:
+    if steps is None or accepted is None or not rows or not all(r.get("ok") for r in rows) or rounded or steps < 1:
         return now  # (a counter printed rounded cannot give a burst's steps exactly: none are claimed)
     steps_i, accepted_i = int(round(steps)), int(round(accepted))
-    if steps_i <= 0:
-        return now
     length = 1 + accepted_i / steps_i
-    for r in ok:
+    for r in rows:
         r["accept_length"] = length
         r["accept_scope"] = "request" if len(rows) == 1 else "burst"
         if len(rows) == 1:
@@ -118,8 +115,7 @@ def _delta(before: Mapping[str, float], after: Mapping[str, float], key: str) ->
 
 def _same(before: Mapping[str, float], after: Mapping[str, float], key: str, server: float, rows: float) -> bool:
     """The server's difference equals the rows' figure, exactly, or within the two readings' rounding."""
-    return abs(server - rows) <= before.get(key + BLUR, 0.0) + after.get(key + BLUR, 0.0) or \
-        int(round(server)) == int(rows)
+    return abs(server - rows) <= before.get(key + BLUR, 0.0) + after.get(key + BLUR, 0.0)
 
 
 def check(before: Optional[Mapping[str, float]], after: Optional[Mapping[str, float]],

@@ -31,6 +31,12 @@ class ChunkInfo:
     error: str | None = None
 
 
+def draft_length(method: str, params: Mapping[str, Any]) -> Any:
+    """Tokens drafted a step: a DFlash block's size less its anchor token (16 when not given), else
+    num_speculative_tokens (None where the config has none)."""
+    return params.get("block_size", 16) - 1 if method == "dflash" else params.get("num_speculative_tokens")
+
+
 def ngram_lookup(params: dict[str, Any]) -> tuple[int, int]:
     """(prompt_lookup_min, prompt_lookup_max) as the server gets them: what the config gives, else specfleet's
     defaults (2, and max(k, 2)), which the matrix checks too, so that an implicit bound cannot cross a given one."""
@@ -48,10 +54,7 @@ def _spec_args_vllm(method: str, params: dict[str, Any], draft: dict[str, Any] |
         cfg.update(num_speculative_tokens=k, prompt_lookup_max=hi, prompt_lookup_min=lo)
     elif method in ("draft_model", "eagle", "eagle3", "dflash"):
         cfg["model"] = draft["path"] if draft else None
-        if method == "dflash":
-            cfg["num_speculative_tokens"] = params.get("block_size", 16) - 1
-        else:
-            cfg["num_speculative_tokens"] = params["num_speculative_tokens"]
+        cfg["num_speculative_tokens"] = draft_length(method, params)
     elif method == "mtp":
         cfg["num_speculative_tokens"] = params["num_speculative_tokens"]
     return ["--speculative-config", json.dumps(cfg, separators=(",", ":")),
@@ -100,8 +103,7 @@ def _spec_args_llamacpp(method: str, params: dict[str, Any], draft: dict[str, An
     else:
         if draft and method != "mtp":
             args += ["--spec-draft-model", draft["path"]]
-        k = params.get("block_size", 16) - 1 if method == "dflash" else params["num_speculative_tokens"]
-        args += ["--spec-draft-n-max", str(k)]
+        args += ["--spec-draft-n-max", str(draft_length(method, params))]
     if "synth_len" in params:
         args += ["--spec-synth-len", format(float(params["synth_len"]), "g")]
     if "synth_rates" in params:
@@ -144,8 +146,8 @@ class Engine:
         return not self.module
 
     def entry(self, program: str) -> list[str]:
-        """The argv that starts the engine: `<python> -m <module>`, or the program itself."""
-        return [program] if self.binary else [program, "-m", self.module]
+        """The argv that starts the engine: `<python> -m <module>`, or the program itself (`probe.entry`)."""
+        return probe.entry(program, self.module)
 
     def program(self, suite: Mapping[str, Any]) -> str:
         """The suite's path to what runs this engine: `engine_binary` for a program, else `engine_python`."""

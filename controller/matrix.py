@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from agent import pack, records, workloads
-from agent.engines import ENGINES, PORT, flag_at, flag_value, ngram_lookup
+from agent.engines import ENGINES, PORT, draft_length, flag_at, flag_value, ngram_lookup
 from agent.secrets import PLACEHOLDER
 from collector.vocab import cell_words
 
@@ -113,7 +113,7 @@ def _synth_errors(cfg: dict[str, Any], where: str, engine: str) -> list[str]:
                 f"{', '.join(m for m in ENGINES['llamacpp'].methods if m != 'autoregressive')}"]
     if len(given) == 2:
         return [f"{where}.synth_rates: synth_len and synth_rates are exclusive (llama.cpp takes one); allowed: one"]
-    k = cfg.get("block_size", 16) - 1 if cfg["method"] == "dflash" else cfg.get("num_speculative_tokens")
+    k = draft_length(cfg["method"], cfg)
     if not isinstance(k, int):
         return []
     if "synth_len" in cfg and cfg["synth_len"] > k + 1:

@@ -253,3 +253,45 @@ def test_concurrency_above_the_servers_batch_fails_naming_the_limit_and_its_sour
 def test_flag_value_reads_the_last_spelling() -> None:
     assert flag_value(["--a", "1", "--a=2", "--b", "3"], "--a") == "2"
     assert flag_value(["--ab", "1"], "--a") is None and flag_value(["--a"], "--a") is None
+
+
+# --- llama.cpp's synthetic acceptance, as its server takes it -------------------------------------------------------
+def synth_suite(engine: str, **config: Any) -> dict[str, Any]:
+    s = base()
+    s.update(engine=engine, engine_binary="/srv/llama-server", gpu_count=0)
+    s["phases"][0]["configs"] = [{"method": "autoregressive"}, config]
+    return s
+
+
+@pytest.mark.parametrize("engine, config, expected", [
+    ("vllm", {"method": "draft_model", "num_speculative_tokens": 3, "synth_len": 2.5},
+     "configs[1].synth_len: synthetic acceptance is llama.cpp's (engine llamacpp); engine vllm has none"),
+    ("sglang", {"method": "dflash", "block_size": 4, "synth_rates": [0.5]}, "engine sglang has none"),
+    ("llamacpp", {"method": "autoregressive", "id": "ar-synth", "synth_len": 2.0},
+     "configs[1].synth_len: synthetic acceptance needs a speculative method"),
+    ("llamacpp", {"method": "draft_model", "num_speculative_tokens": 3, "synth_len": 2.0, "synth_rates": [0.5]},
+     "configs[1].synth_rates: synth_len and synth_rates are exclusive"),
+    ("llamacpp", {"method": "draft_model", "num_speculative_tokens": 3, "synth_len": 4.5},
+     "configs[1].synth_len: 4.5 is above the draft length + 1 (4: "),
+    ("llamacpp", {"method": "dflash", "block_size": 4, "synth_len": 4.01}, "4.01 is above the draft length + 1 (4"),
+    ("llamacpp", {"method": "eagle3", "num_speculative_tokens": 2, "synth_rates": [0.9, 0.5, 0.2]},
+     "configs[1].synth_rates: 3 rates for a draft of 2 tokens"),
+    ("llamacpp", {"method": "draft_model", "num_speculative_tokens": 3, "synth_rates": [0.5, 0.6]},
+     "configs[1].synth_rates: [0.5, 0.6] rise"),
+    ("llamacpp", {"method": "draft_model", "num_speculative_tokens": 3, "synth_len": 0.5},
+     "configs[1].synth_len: 0.5 is less than the minimum of 1"),
+])
+def test_synthetic_acceptance_is_refused_as_llamacpp_would(engine: str, config: dict[str, Any], expected: str) -> None:
+    assert expected in error_of(synth_suite(engine, **config))
+
+
+@pytest.mark.parametrize("config, cid, flags", [
+    ({"method": "draft_model", "num_speculative_tokens": 3, "synth_len": 4}, "tp1-draft_model-k3-synth4",
+     ["--spec-draft-n-max", "3", "--spec-synth-len", "4"]),
+    ({"method": "dflash", "block_size": 4, "synth_rates": [0.9, 0.9, 0.1]}, "tp1-dflash-blk4-synth",
+     ["--spec-draft-n-max", "3", "--spec-synth-rates", "0.9,0.9,0.1"]),
+])
+def test_synthetic_acceptance_at_its_bounds_reaches_the_server(config: dict[str, Any], cid: str,
+                                                                 flags: list[str]) -> None:
+    [_, cfg] = matrix.expand(matrix.validate(synth_suite("llamacpp", **config)))
+    assert cfg["config_id"] == cid and " ".join(flags) in " ".join(cfg["command"]), cfg["command"]

@@ -59,6 +59,9 @@ def test_the_llamacpp_profile_reports_synthetic_acceptance_as_set() -> None:
         speed[length] = math.exp(sum(math.log(s) for s in cells) / len(cells))
     # a longer acceptance takes more tokens per verify step: the speedup grows with it
     assert speed[1.5] < speed[2.5] and speed[1.5] < speed[3.5], speed
+    for cid, st in status.items():  # its startup read from its own log: weights loaded, then serving, before ready
+        marks = st.get("startup") or {}
+        assert 0 <= marks.get("weights", -1) <= marks.get("serving", -1) <= st["ready_s"], (cid, marks, st["ready_s"])
     for cid in ("tp1-dflash-blk4", "tp1-eagle3-k3"):
         assert status[cid]["counters"]["verdict"] == "ok", status[cid]["counters"]
         assert accept[cid]["requests_with_steps"] > 0, accept[cid]
