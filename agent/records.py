@@ -30,6 +30,9 @@ class Event(str, Enum):
     SUITE_START = "suite_start"
     LEFTOVER_UNIT_STOPPED = "leftover_unit_stopped"
     CONFIG_KEPT = "config_kept"
+    # a config (or a packed phase: config_id is the phase) waits for the machine, held by another suite sharing it
+    # (bench_machine_lock): holder (that suite's host, run and config in words)
+    MACHINE_WAIT = "machine_wait"
     CONFIG_START = "config_start"
     CONFIG_READY = "config_ready"
     # within a config's timed requests, after a burst once `progress_s` has passed since the last one:

@@ -13,14 +13,16 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Set
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Set
 
 from . import fingerprint, gpu, pack, probe
 from .classify import Reason
 from .config_run import Host, config_digest, run_config, server_env, skip
 from .engines import DISTRIBUTIONS, ENGINES
+from .machine import Machine, holder_words
 from .pack import Slot
 from .records import Event, Outcome
 from .store import HostStore, read_json, write_json
@@ -72,6 +74,8 @@ class Suite:
             self.host.features = dict(known.get("features") or {})
             self.host.defaults = dict(known.get("defaults") or {})
         self.help_key: Optional[str] = known.get("key") if self.host.flags is not None else None
+        self.machine = Machine(suite.get("machine_lock"))  # shared with other suites on this machine: turns
+        self.in_turn = False  # a packed phase holds the machine for all its configs
 
     def prepare(self) -> None:
         """Host facts, the GPUs' idle memory, and no engine unit left from an agent that was killed."""
@@ -146,7 +150,8 @@ class Suite:
                 for cfg in group:
                     self.run_config(cfg, pool[0] if not pool[0].whole_host else None, 1)
             else:
-                self.packed(group, pool)
+                with self.turn(phase):
+                    self.packed(group, pool)
         store.event(Event.SUITE_END, elapsed_s=time.monotonic() - self.t0)
         return 0
 
@@ -168,6 +173,32 @@ class Suite:
             with self.lock:
                 self.eta.done(cfg["estimate_s"] / share, cfg["estimate_s"] / share * self.eta.scale)
             return store.status(cfg["config_id"]) or {}
+        if self.in_turn or (cfg["method"] != "autoregressive" and cfg["phase"] in self.failed_baselines):
+            return self.measure(cfg, slot, share, spans, where, gate)
+        with self.turn(cfg["config_id"]):
+            where.update(elapsed_s=time.monotonic() - self.t0, eta_s=self.eta.left())  # after any wait
+            return self.measure(cfg, slot, share, spans, where, gate)
+
+    @contextmanager
+    def turn(self, what: str) -> Iterator[None]:
+        """The machine for `what` (a config, or a packed phase), waiting while another suite sharing the machine
+        holds it (said once as an event)."""
+        who = {"host": self.plan["host"], "run_id": self.plan["run_id"], "config_id": what}
+
+        def waiting(holder: Dict[str, Any]) -> None:
+            self.host.store.event(Event.MACHINE_WAIT, config_id=what, holder=holder_words(holder))
+
+        with self.machine.turn(who, waiting):
+            self.in_turn = True
+            try:
+                yield
+            finally:
+                self.in_turn = False
+
+    def measure(self, cfg: Dict[str, Any], slot: Optional[Slot], share: int,
+                spans: Optional[Dict[str, Dict[str, Any]]], where: Dict[str, Any], gate: bool) -> Dict[str, Any]:
+        """`run_config`'s part that runs the config (or skips it after a failed baseline)."""
+        store, n, busy = self.host.store, len(self.plan["configs"]), self.host.busy
         store.event(Event.CONFIG_START, **where)
         if gate:
             busy.launched.set()

@@ -30,6 +30,8 @@ def render(ev: dict[str, Any]) -> str | None:
     if kind == Event.CONFIG_START:
         return (f"[{ev['k']}/{ev['n']}] {ev['config_id']}  {slot + '  ' if slot else ''}elapsed "
                 f"{hms(ev.get('elapsed_s'))}  ETA {hms(ev.get('eta_s'))}")
+    if kind == Event.MACHINE_WAIT:
+        return f"      {ev['config_id']}: waiting for the machine, held by {ev.get('holder')}"
     if kind == Event.CONFIG_PROGRESS:
         return (f"      {ev['config_id']}: {ev['done']}/{ev['total']} requests, {ev['tok_s']:.1f} tok/s over the last "
                 f"{ev['window_s']:.0f} s, config ETA {hms(ev.get('eta_s'))}")

@@ -239,6 +239,12 @@ SETTINGS: tuple[Setting, ...] = (
             "(no packing on a host without GPUs unless CPU sets are named).",
             {**SLOTS_SCHEMA, "default": []}, elements="dict",
             doc='[{gpus: [0], cpus: "0-15"}, ...]; [] = one slot per tp GPUs of the host'),
+    Setting("machine_lock",
+            "A file on the host that inventory hosts which are one machine share (e.g. one engine each): a config's "
+            "server runs only while its suite holds the machine, and suites sharing it take turns config by config "
+            "(a packed phase: the phase), so that two suites of one run never measure at the same time. Empty: "
+            "none.", {"type": ["string", "null"], "pattern": NO_NUL, "default": ""}, type="str",
+            doc="a file shared by inventory hosts on one machine: their configs take turns"),
     Setting("bind_host", "Address the servers bind to; anything but a loopback address needs O(bench_api_key).",
             {**_launch, "default": "127.0.0.1"}, doc="another address needs bench_api_key"),
     Setting("port", "Port of every server; 0 takes a free port per config.",

@@ -138,7 +138,8 @@ def test_cell_key_of_a_cell_and_of_its_rows_agree() -> None:
 
 
 def test_event_and_outcome_values() -> None:
-    assert [e.value for e in Event] == ["suite_start", "leftover_unit_stopped", "config_kept", "config_start",
+    assert [e.value for e in Event] == ["suite_start", "leftover_unit_stopped", "config_kept", "machine_wait",
+                                        "config_start",
                                         "config_ready", "config_progress", "config_end", "suite_end"]
     assert [o.value for o in Outcome] == ["ok", "failed", "skipped"]
     assert Event("config_end") is Event.CONFIG_END and Outcome.OK == "ok"

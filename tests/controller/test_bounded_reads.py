@@ -24,6 +24,7 @@ import pytest
 
 from agent import bounded, probe, progress, records
 from agent.bounded import Bound
+from agent.machine import Machine
 from collector import load, request_lines
 from collector.results import Run
 from controller import hub, plan
@@ -303,6 +304,8 @@ INPUTS = [
     Input("refused starts (follow's poll)", bounded.RECORD, f"host/{progress.ATTACH}",
           (_JSON({"invocation": "i2", "follow": "i1"}) + "\n").encode(), _progress(lambda out: out["attached"]),
           {"i2": "i1"}),
+    Input("machine holder (agent)", bounded.RECORD, "machine/lock.json", _JSON({"host": "h1"}).encode(),
+          lambda f: Machine(str(f / "machine/lock")).holder(), {"host": "h1"}),
     Input("-e @file (guard)", bounded.ANSIBLE_FILE, "vars.yml", b"bench_repetitions: 2\n",
           _guard(lambda f: {**_INVENTORY, "extra_vars": ("x=1", f"@{f / 'vars.yml'}")}), True),
     Input("inventory source (guard)", bounded.ANSIBLE_FILE, "inv/hosts.yml", b"all:\n  hosts:\n    h:\n",
@@ -476,6 +479,7 @@ READ_THROUGH = {
                            "requests.jsonl (report, line by line)", "requests.jsonl (plan's estimates)"],
     "host_dir": ["kept engine help (agent)", "kept engine help (probe text alone)", "events.jsonl (follow's poll)",
                  "agent state (follow's poll)", "refused starts (follow's poll)"],
+    "machine_lock": ["machine holder (agent)"],
     "model": ["model config.json (agent)", "model config.json (probe text alone)"],
     "draft_model": ["model config.json (agent)", "model config.json (probe text alone)"],
 }

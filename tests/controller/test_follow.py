@@ -56,6 +56,11 @@ def test_render_config_kept() -> None:
         "[2/4] tp1-autoregressive  already ok in this run, kept"
 
 
+def test_render_machine_wait() -> None:
+    assert render(ev(Event.MACHINE_WAIT, config_id="tp1-ngram-k2", holder="local (run r1, config tp1-dflash-b4)")) \
+        == "      tp1-ngram-k2: waiting for the machine, held by local (run r1, config tp1-dflash-b4)"
+
+
 def test_render_config_end_ok() -> None:
     assert render(ev(Event.CONFIG_END, k=1, n=2, config_id="c", status="ok", reason=None, ready_s=4.04,
                      requests_ok=9, requests=9, duration_s=123.456)) == \
