@@ -435,9 +435,10 @@ def where_arguments(p: argparse.ArgumentParser) -> None:
 # Runs against each other and over time: compare, db, history
 # ---------------------------------------------------------------------------------------------------------------
 
-COMPARE = """One run against another: per matching cell (host, config_id, workload, max_tokens, context_tokens,
-concurrency, request_rate) B ÷ A of mean tok/s with the report's 95% interval for a ratio of means; the cells only
-one run has, the cells a run failed or skipped, and what differs in the hosts' environments. A cell regressed when
+COMPARE = """One run against another: per matching cell (host, engine, config_id, workload, max_tokens,
+context_tokens, concurrency, request_rate) B ÷ A of mean tok/s with the report's 95% interval for a ratio of means;
+the cells only one run has, the cells a run failed or skipped, the cells measured by one engine in A and another in
+B (not comparable: never judged), and what differs in the hosts' environments. A cell regressed when
 B ÷ A is below 1 - threshold and its interval lies wholly below 1; improved, symmetrically. For each config swept
 over loads, its crossover (where its throughput, or goodput, falls below the baseline's) in each run: it moved down
 when B's interval lies wholly below A's. Exits 1 when a cell regressed, a crossover moved down, or a config ok in A

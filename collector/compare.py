@@ -21,21 +21,25 @@ from .tables.speedup import table
 from .views import budget_key, cell_text, fit_rows, outcomes, wrap
 from .vocab import CELL, cell_words, na, ratio_words, tok_words
 
-KEY = ("host", "config_id", *CELL)  # a cell of one run matches the cell of the other with the same key
-# A cell's verdict, as the JSON gives it; the text says it in words (Comparison.words).
+KEY = ("host", "engine", "config_id", *CELL)  # a cell of one run matches the cell of the other with the same key
+_ENGINE = KEY.index("engine")
+# A cell's verdict, as the JSON gives it; the text says it in words (Comparison.words). not_comparable: the same
+# host, config and cell, measured by one engine in A and another in B: never judged.
 VERDICTS = ("regressed", "improved", "slower_within_threshold", "faster_within_threshold", "not_significant",
-            "no_interval", "not_ok", "only_a", "only_b")
+            "no_interval", "not_ok", "not_comparable", "only_a", "only_b")
 
 
 @dataclass(frozen=True)
 class Side:
-    """A cell as one run measured it: ok requests, mean and sample std of their tok/s, and its status: `ok`, or
-    why it has no number, as views.cell_text words it (`failed: oom`, `skipped: baseline_failed`, `no data`)."""
+    """A cell as one run measured it: ok requests, mean and sample std of their tok/s, its status: `ok`, or
+    why it has no number, as views.cell_text words it (`failed: oom`, `skipped: baseline_failed`, `no data`), and the
+    engine that measured it."""
 
     n: int
     tok_s_mean: Optional[float]
     tok_s_std: Optional[float]
     status: str
+    engine: str
 
     def summary(self) -> Summary:
         return self.n, self.tok_s_mean, self.tok_s_std
@@ -43,7 +47,8 @@ class Side:
 
 @dataclass(frozen=True)
 class Cell:
-    """One cell of either run or both: what it is (from A where A has it), each side, B ÷ A and its verdict."""
+    """One cell of either run or both: what it is (from A where A has it), each side, B ÷ A and its verdict. A cell
+    not comparable (another engine in B) has both sides, each naming its engine, and no ratio."""
 
     host: str
     engine: str
@@ -135,7 +140,8 @@ class Comparison:
         """A verdict in a few words: `slower < 5%` for a significant slowdown within the threshold."""
         return {"slower_within_threshold": f"slower < {self.percent}", "faster_within_threshold":
                 f"faster < {self.percent}", "not_significant": "not significant", "no_interval": "no interval",
-                "not_ok": "failed or skipped", "only_a": "only in A", "only_b": "only in B"}.get(verdict, verdict)
+                "not_ok": "failed or skipped", "not_comparable": "not comparable (another engine)",
+                "only_a": "only in A", "only_b": "only in B"}.get(verdict, verdict)
 
     def to_json(self) -> str:
         doc = {"run_a": self.run_a, "run_b": self.run_b, "threshold": self.threshold, "counts": self.counts(),
@@ -156,6 +162,8 @@ class Comparison:
             md += self._tables()
             md += self._list("Failed or skipped in a run", "not_ok",
                              lambda c: f"A {_side_text(c.a)}; B {_side_text(c.b)}")
+            md += self._list("Not comparable: another engine", "not_comparable",
+                             lambda c: f"A {_engine_text(c.a)}; B {_engine_text(c.b)}")
             md += self._list("Only in A", "only_a", lambda c: _side_text(c.a))
             md += self._list("Only in B", "only_b", lambda c: _side_text(c.b))
         return "\n".join(md) + "\n"
@@ -184,11 +192,11 @@ class Comparison:
         return ["", f"## {title}", "", *_bullets(f"{c.name()}: {what(c)}" for c in cells)] if cells else []
 
     def _tables(self) -> list[str]:
-        """The cells both runs measured: a table per host, tp and cell, a row per config."""
+        """The cells both runs measured with one engine: a table per host, engine, tp and cell, a row per config."""
         groups: dict[tuple[Any, ...], list[Cell]] = {}
         for c in self.rows:
-            if c.verdict not in ("not_ok", "only_a", "only_b"):
-                groups.setdefault((c.host, c.tp, *(getattr(c, k) for k in CELL)), []).append(c)
+            if c.verdict not in ("not_ok", "not_comparable", "only_a", "only_b"):
+                groups.setdefault((c.host, c.engine, c.tp, *(getattr(c, k) for k in CELL)), []).append(c)
         md = ["", "## Cells both runs measured"] if groups else []
         for cells in groups.values():
             first = cells[0]
@@ -196,7 +204,7 @@ class Comparison:
             rows = [{"config": c.config_id, "A tok/s": _side_text(c.a, ""), "B tok/s": _side_text(c.b, ""),
                      "B ÷ A [95%]": _ratio_of(c), "verdict": self.words(c.verdict)}
                     for c in cells]
-            md += ["", f"### {first.host}{tp}: {first.cell()}", "", *fit_rows(rows, ["config"])]
+            md += ["", f"### {first.host} ({first.engine or '?'}){tp}: {first.cell()}", "", *fit_rows(rows, ["config"])]
         return md
 
 
@@ -212,6 +220,11 @@ def _side_text(side: Optional[Side], unit: str = " tok/s") -> str:
     if side is None:
         return "-"
     return tok_words(side.tok_s_mean, side.tok_s_std, side.n, unit) or side.status
+
+
+def _engine_text(side: Optional[Side]) -> str:
+    """`on vllm: 100.0 ± 1.0 tok/s (n=3)`: a side with the engine that measured it."""
+    return "-" if side is None else f"on {side.engine or '?'}: {_side_text(side)}"
 
 
 def _wide_row(c: Cell) -> dict[str, str]:
@@ -244,7 +257,8 @@ def _sides(run: Run) -> dict[tuple[Any, ...], tuple[dict[str, Any], Side]]:
         r = {k: _plain(v) for k, v in values.items()}
         ok = r["status"] == "ok" and r["tok_s_mean"] is not None
         status = "ok" if ok else cell_text(r, done.get((r["host"], r["config_id"])))
-        out[tuple(r[k] for k in KEY)] = (r, Side(int(r["n"] or 0), r["tok_s_mean"], r["tok_s_std"], status))
+        out[tuple(r[k] for k in KEY)] = (r, Side(int(r["n"] or 0), r["tok_s_mean"], r["tok_s_std"], status,
+                                                 str(r["engine"] or "")))
     return out
 
 
@@ -259,22 +273,43 @@ def _verdict(ratio: Optional[float], lo: Optional[float], hi: Optional[float], t
     return "not_significant"
 
 
+def _across_engines(keys_a: Iterable[tuple[Any, ...]], keys_b: Iterable[tuple[Any, ...]]
+                    ) -> dict[tuple[Any, ...], tuple[Any, ...]]:
+    """A's keys that B lacks but has with another engine (the same host, config and cell), each with B's key: per
+    run a host's config has one engine, so each has at most one."""
+    def loose(key: tuple[Any, ...]) -> tuple[Any, ...]:
+        return key[:_ENGINE] + key[_ENGINE + 1:]
+
+    set_a, set_b = set(keys_a), set(keys_b)
+    only_b = {loose(k): k for k in set_b - set_a}
+    return {k: only_b[loose(k)] for k in set_a - set_b if loose(k) in only_b}
+
+
 def _order(row: dict[str, Any]) -> tuple[Any, ...]:
-    """The report's order (host, tp, cell), then the methods' (views.budget_key: the baseline first, DDTree budgets
-    by number)."""
-    cell = [(row[k] is None, row[k]) for k in ("host", "tp", *CELL)]
+    """The report's order (host, engine, tp, cell), then the methods' (views.budget_key: the baseline first, DDTree
+    budgets by number)."""
+    cell = [(row[k] is None, row[k]) for k in ("host", "engine", "tp", *CELL)]
     return (*cell, budget_key(row["method"], row["method_params"]), row["config_id"])
 
 
 def compare(a: Run, b: Run, threshold: float = 0.05) -> Comparison:
-    """Run B against run A, cell by cell (module docstring)."""
+    """Run B against run A, cell by cell (module docstring): a cell matches on KEY; one that B measured with
+    another engine is set beside A's, not comparable."""
     sides_a, sides_b = _sides(a), _sides(b)
+    switched = _across_engines(sides_a, sides_b)
+    taken = set(switched.values())
     rows = []
     for key in dict.fromkeys([*sides_a, *sides_b]):
+        if key in taken:  # with A's key, under A's engine
+            continue
         row = (sides_a.get(key) or sides_b[key])[0]
-        side_a, side_b = (sides_a[key][1] if key in sides_a else None), (sides_b[key][1] if key in sides_b else None)
+        key_b = switched.get(key, key)
+        side_a = sides_a[key][1] if key in sides_a else None
+        side_b = sides_b[key_b][1] if key_b in sides_b else None
         ratio = lo = hi = None
-        if side_a is None or side_b is None:
+        if key in switched:
+            verdict = "not_comparable"
+        elif side_a is None or side_b is None:
             verdict = "only_a" if side_b is None else "only_b"
         elif side_a.status != "ok" or side_b.status != "ok":
             verdict = "not_ok"

@@ -1,10 +1,11 @@
 """`specfleet history` and `specfleet db --sql`: the history store's answers (collector.store keeps the database).
 
-Per cell (host, config, workload, max_tokens, context, load) its figures over the runs in the store: tok/s, speedup
-and acceptance length, each with its run's 95% interval; what changed since the cell's previous run (the host's
-environment: engine build, driver, GPUs, specfleet; the config: its server arguments, environment, method
-parameters); and which figures fell outside the spread of the previous runs. Worked out in one SQL query (DuckDB's
-window functions), without pandas, so that it answers at once.
+Per cell (host, engine, config, workload, max_tokens, context, load: a host that changes engine starts a new series
+of its cells) its figures over the runs in the store: tok/s, speedup and acceptance length, each with its run's 95%
+interval; what changed since the cell's previous run (the host's environment: engine build, driver, GPUs,
+specfleet; the config: its server arguments, environment, method parameters); and which figures fell outside the
+spread of the previous runs. Worked out in one SQL query (DuckDB's window functions), without pandas, so that it
+answers at once.
 
 The spread of the previous N runs of a cell is the band from the lowest to the highest of their 95% intervals (their
 means, where a run has no interval); a figure is outside when its own interval lies wholly below or above that band.
@@ -29,7 +30,7 @@ from .vocab import CELL, cell_words, finite
 WINDOW = 5  # the previous runs whose spread a run is judged against
 MIN_PREVIOUS = 2
 LAST = 10  # runs shown per cell, the newest
-SERIES = ["host", "config_id", *CELL]
+SERIES = ["host", "engine", "config_id", *CELL]  # a cell's series: its runs are judged against each other
 # (name, what the table calls it, its interval's columns)
 FIGURES = [("tok_s", "tok_s_mean", "tok_s_ci_low", "tok_s_ci_high", "tok/s"),
            ("speedup", "speedup", "speedup_ci_low", "speedup_ci_high", "speedup"),
@@ -43,7 +44,7 @@ _SPREAD = ",\n".join(
 
 QUERY = """
 WITH points AS (
-    SELECT c.host, c.config_id, c.workload, c.max_tokens, c.context_tokens, c.concurrency, c.request_rate,
+    SELECT c.host, c.engine, c.config_id, c.workload, c.max_tokens, c.context_tokens, c.concurrency, c.request_rate,
            c.run_id, coalesce(f.finished_at, r.finished_at, r.started_at) AS measured_at, c.status, c.method,
            c.tp, c.n, c.config_digest,
            c.tok_s_mean, c.tok_s_ci_low, c.tok_s_ci_high, c.speedup, c.speedup_ci_low, c.speedup_ci_high,
@@ -66,7 +67,7 @@ WITH points AS (
     SELECT *, {upto} AS upto FROM judged
 )
 SELECT * EXCLUDE (upto) FROM marked WHERE {shown}
-ORDER BY host, config_id, workload, max_tokens, context_tokens, request_rate NULLS FIRST, concurrency,
+ORDER BY host, engine, config_id, workload, max_tokens, context_tokens, request_rate NULLS FIRST, concurrency,
          measured_at NULLS FIRST, run_id
 """
 
@@ -256,7 +257,7 @@ def render_md(pts: list[dict[str, Any]], f: Filters) -> str:
         by.setdefault(_series(p), []).append(p)
     for rows in by.values():
         first = rows[0]
-        out.append(f"### {first['host']} · {first['config_id']} · {cell_words(first)}\n")
+        out.append(f"### {first['host']} ({first['engine'] or '?'}) · {first['config_id']} · {cell_words(first)}\n")
         table = [{"run": str(p["run_id"]), "measured": _when(p["measured_at"]),
                   "status": str(p["status"] or ""), "n": "" if p["n"] is None else str(p["n"]),
                   "tok/s (95% CI)": _with_interval(p, "tok_s_mean", "tok_s_ci_low", "tok_s_ci_high", 1),

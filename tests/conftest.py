@@ -54,7 +54,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # every other module is a unit of its own.
 GROUPS = {
     "engine": ("tests/playbooks/test_readme_local.py", "tests/playbooks/test_pack_local.py",
-               "tests/playbooks/test_llamacpp_local.py",
                "tests/playbooks/test_security.py", "tests/standin/test_contract.py"),
     "standin": ("tests/playbooks/", "tests/agent/test_suite_pack.py", "tests/agent/test_live_progress.py"),
     "testhosts": ("tests/playbooks/test_testhosts_suite.py", "tests/playbooks/test_device_allow.py",

@@ -25,9 +25,10 @@ COVERED: dict[str, list[str]] = {
         "tests/playbooks/test_readme_local.py::test_collector_report_in_each_format"],
     "specfleet compare results/<old-id> results/<id>": [
         "tests/playbooks/test_readme_local.py::test_resume_keeps_every_config_then_force_measures_one_again"],
-    # llama.cpp: built (unchanged: `make test` built it first), then its embedded suite
-    **dict.fromkeys(("make llamacpp gguf-models", "ansible-playbook bench.yml -l local-llamacpp"), [
-        "tests/playbooks/test_llamacpp_local.py::test_the_llamacpp_profile_reports_synthetic_acceptance_as_set"]),
+    # llama.cpp: built (unchanged: `make test` built it first), then its embedded suite into the demo's run
+    **dict.fromkeys(("make llamacpp gguf-models", "ansible-playbook bench.yml -l local-llamacpp -e run_id=<id>"), [
+        "tests/playbooks/test_readme_local.py::test_llamacpp_into_the_demos_run_sets_the_engines_side_by_side_and_"
+        "lands_on_its_synthetic_acceptance"]),
     "ansible-playbook bench.yml -l ct200 -e plan=true": [
         "tests/playbooks/test_readme_local.py::test_plan_for_ct200_prints_every_config_without_connecting"],
     "ansible-playbook bench.yml -l ct200 -e plan=true -e phases=tp1": [

@@ -211,7 +211,8 @@ OWN = ("Environment", "Problems in the results (skipped)")
 # a section's id and its link's words, by how its heading starts; any other: its heading, made an id
 NAMED = (("Speedup vs", "by-workload", "by workload"), ("Checks that did not pass", "checks", "checks"),
          ("Where speculation pays", "pays", "where it pays"), ("Baseline alone vs packed", "pack-check", "pack check"),
-         ("Across hosts", "across-hosts", "across hosts"), ("DDTree budgets", "ddtree-vs-dflash", "DDTree vs DFlash"),
+         ("Across hosts", "across-hosts", "across hosts and engines"),
+         ("DDTree budgets", "ddtree-vs-dflash", "DDTree vs DFlash"),
          ("Acceptance per config", "acceptance", "acceptance per config"),
          ("Time per config", "timing", "time per config"))
 
@@ -322,7 +323,7 @@ def _history(run: Run, history: list[dict[str, Any]]) -> list[str]:
     before: dict[tuple[Any, ...], dict[str, Any]] = {}
     rows = []
     for p in history:
-        key = (p["host"], p["config_id"], cell_words(p))
+        key = (p["host"], p["engine"], p["config_id"], cell_words(p))  # its series (collector.history.SERIES)
         count[key] = count.get(key, 0) + 1
         if p["run_id"] != run_id:
             before[key] = p
@@ -330,7 +331,7 @@ def _history(run: Run, history: list[dict[str, Any]]) -> list[str]:
         if key not in before:
             continue
         prev = before[key]
-        rows.append({"host": p["host"], "config": p["config_id"], "cell": key[2], "runs": count[key],
+        rows.append({"host": p["host"], "config": p["config_id"], "cell": key[3], "runs": count[key],
                      "previous run": prev["run_id"], "previous tok/s": prev["tok_s_mean"],
                      "tok/s": p["tok_s_mean"], "speedup": p["speedup"],
                      "outside the previous runs' spread": ", ".join(p["outside"]),

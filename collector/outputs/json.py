@@ -1,6 +1,6 @@
 """report.json: the run's metadata, the speedup table's rows, where speculation pays (the crossovers), the spread
-across hosts, DDTree against DFlash, the pack checks, the acceptance per config, the time per config and the
-problems met while reading the results."""
+across hosts and engines, DDTree against DFlash, the pack checks, the acceptance per config, the time per config and
+the problems met while reading the results."""
 from __future__ import annotations
 
 import json

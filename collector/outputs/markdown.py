@@ -1,7 +1,7 @@
 """report.md and the terminal's report: within WIDTH columns (`wide`: every table whole, and the full table too),
 the hosts' environment, the hand-run style lines, per host and tp a row per cell with a column per method, then the
-checks that did not pass, the pack check, the spread across hosts, DDTree against DFlash, the acceptance per config
-and the time per config."""
+checks that did not pass, the pack check, the spread across hosts and engines, DDTree against DFlash, the acceptance
+per config and the time per config."""
 from __future__ import annotations
 
 from typing import Any
@@ -299,8 +299,8 @@ def full_markdown(df: pd.DataFrame) -> list[str]:
 
 
 def cross_host_markdown(df: pd.DataFrame, wide: bool) -> list[str]:
-    """cross_host(df), its configs in budget order; nothing with fewer than two hosts. Not `wide`: the cell in one
-    column, split by columns to fit WIDTH."""
+    """cross_host(df), its configs in budget order; nothing with fewer than two hosts and engines. Not `wide`: the
+    cell in one column, split by columns to fit WIDTH."""
     hosts = cross_host(df)
     if hosts.empty:
         return []
@@ -308,7 +308,10 @@ def cross_host_markdown(df: pd.DataFrame, wide: bool) -> list[str]:
     order = {cid: config_order(r["tp"], r["method"], r["method_params"], str(cid)) for cid, r in first.iterrows()}
     position = sorted(range(len(hosts)), key=lambda i: (order[hosts["config_id"].iat[i]], i))
     hosts = hosts.iloc[position].reset_index(drop=True)
-    md = ["## Across hosts", ""]
+    md = ["## Across hosts and engines", "",
+          *_text("Per config and cell, the hosts and their engines side by side (two engines on one machine are two "
+                 "hosts), a column each named `host (engine)`: its tok/s, then its speedup over that host's own "
+                 "baseline; tok_s_spread is max ÷ min − 1 of their tok/s.", wide), ""]
     if wide:
         return md + [pipe_table(hosts, floatfmt=".2f")]
     rows = [{"config_id": str(r["config_id"]), "cell": cell_words(r),

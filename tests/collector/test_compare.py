@@ -190,12 +190,12 @@ def test_text_fits_120_columns_and_sorts_budgets_by_number(runs: tuple[Path, Pat
     assert [h.strip() for h in header.strip("|").split("|")] == [
         "host", "engine", "model", "tp", "workload", "max_tokens", "context_tokens", "concurrency", "request_rate",
         "config_id",
-        "method", "method_params", "a_n", "a_tok_s_mean", "a_tok_s_std", "a_status", "b_n", "b_tok_s_mean",
-        "b_tok_s_std", "b_status", "ratio", "ci_low", "ci_high", "verdict"]
+        "method", "method_params", "a_n", "a_tok_s_mean", "a_tok_s_std", "a_status", "a_engine", "b_n",
+        "b_tok_s_mean", "b_tok_s_std", "b_status", "b_engine", "ratio", "ci_low", "ci_high", "verdict"]
     budgets = ["tp1-ddtree-b8", "tp1-ddtree-b16", "tp1-ddtree-b32", "tp1-ddtree-b64"]
     assert [c.config_id for c in result.rows if c.workload == "fib"] == [
         "tp1-autoregressive", "tp1-dflash", *budgets, "tp1-draft_model", "tp1-ngram"]
-    table = text.split("### h1 tp1: fib, 128 tok\n\n", 1)[1].split("\n\n", 1)[0]
+    table = text.split("### h1 (vllm) tp1: fib, 128 tok\n\n", 1)[1].split("\n\n", 1)[0]
     assert table.index("| tp1-ddtree-b8 ") < table.index("| tp1-ddtree-b32 ")
     assert "tp1-ddtree-b16" not in table  # failed in B: listed below, not in the table
     doc = json.loads(result.to_json())

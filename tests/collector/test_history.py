@@ -214,7 +214,7 @@ def test_history_formats_say_the_same(eight: Path, capsys: pytest.CaptureFixture
     assert cells[4].startswith("120.0 (") and cells[5].startswith("1.20x (") and cells[6].startswith("2.50")
     assert cells[7] == "speedup below" and cells[8] == ""
     assert "| run-06" in md and "server args: added --max-num-seqs 8" in md
-    assert md.startswith("### cpu1 · tp1-ngram-k2 · fib, 64 tok\n")
+    assert md.startswith("### cpu1 (vllm) · tp1-ngram-k2 · fib, 64 tok\n")
 
 
 def test_an_unchanged_run_is_not_read_again_and_a_changed_one_replaces_its_rows(tmp_path: Path) -> None:

@@ -225,8 +225,9 @@ def test_wrap_keeps_the_mark_and_paths_whole() -> None:
 # ---------------------------------------------------------------------------------------------------------------
 
 SECTIONS = ["Environment", "Speedup vs the autoregressive baseline", "Checks that did not pass, and packing",
-            "Where speculation pays", "Baseline alone vs packed", "Across hosts", "DDTree budgets against DFlash",
-            "Acceptance per config", "Time per config (seconds)", "Problems in the results (skipped)"]
+            "Where speculation pays", "Baseline alone vs packed", "Across hosts and engines",
+            "DDTree budgets against DFlash", "Acceptance per config", "Time per config (seconds)",
+            "Problems in the results (skipped)"]
 TP1_ORDER = ["autoregressive", "dflash", "dflash-nooverlap", *(f"ddtree-b{b}" for b in (8, 12, 15, 16, 32, 64)),
              LONG_ID]
 
@@ -381,13 +382,14 @@ def test_the_other_sections_keep_their_content_and_order_budgets_by_number(repor
     assert [budget for budget, _ in fib] == ["8", "12", "15", "16", "32", "64"]
     assert fib[("64", "tp1-ddtree-b64")]["status"] == "failed: oom"
     assert fib[("8", "tp1-ddtree-b8")]["÷ tp1-dflash-nooverlap (same path)"] == "2.00 [1.37, 2.92]"
-    # across hosts: per config and cell, each host's tok/s and speedup, and the spread; configs by budget
-    hosts = section(md, "Across hosts")
-    assert columns_of(hosts, 2)[:3] == ["gpu-node-a tok_s", "gpu-node-b tok_s", "gpu-node-a speedup"]
+    # across hosts and engines: per config and cell, each host's tok/s and speedup, and the spread; configs by budget
+    hosts = section(md, "Across hosts and engines")
+    assert columns_of(hosts, 2)[:3] == ["gpu-node-a (sglang) tok_s", "gpu-node-b (sglang) tok_s",
+                                        "gpu-node-a (sglang) speedup"]
     across = merged(hosts, 2)
-    assert across[("tp1-ddtree-b8", "fib, 64 tok")] == {"gpu-node-a tok_s": "36", "gpu-node-b tok_s": "54",
-                                                        "gpu-node-a speedup": "3", "gpu-node-b speedup": "3",
-                                                        "tok_s_spread": "0.5"}
+    assert across[("tp1-ddtree-b8", "fib, 64 tok")] == {
+        "gpu-node-a (sglang) tok_s": "36", "gpu-node-b (sglang) tok_s": "54", "gpu-node-a (sglang) speedup": "3",
+        "gpu-node-b (sglang) speedup": "3", "tok_s_spread": "0.5"}
     assert [cid for cid in dict.fromkeys(cid for cid, _ in across)] == [
         *(f"tp1-{label}" for label in TP1_ORDER), "tp4-autoregressive", "tp4-dflash", "tp4-dflash-nooverlap"]
     # time per config: every config, the pack checks too, by budget

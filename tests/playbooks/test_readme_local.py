@@ -12,6 +12,7 @@ import csv
 import hashlib
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -33,6 +34,7 @@ from .conftest import _kill_leftovers
 pytestmark = pytest.mark.engine
 
 HOST_RESULTS = ROOT / ".work/hosts/local/results"   # bench_host_dir of host_vars/local.yml
+LLAMA_RESULTS = ROOT / ".work/hosts/local-llamacpp/results"   # bench_host_dir of host_vars/local-llamacpp.yml
 LOADED = ["tp1-autoregressive", "tp1-ngram-k2", "tp1-ngram-k4", "tp1-draft_model-k3"]  # every sweep
 # the drafters built by `make models`, on the short sweep only: method, drafter architecture, the target's taps as
 # vLLM logs them (0 before the first layer, i after layer i - 1)
@@ -93,8 +95,8 @@ def is_testhosts_run(folder: Path) -> bool:
 def run_folders() -> set[Path]:
     """The run folders on the controller and this machine's host folder, the test hosts' runs left out (and the
     history store's file beside them)."""
-    return {p for base in (ROOT / "results", HOST_RESULTS) if base.is_dir() for p in base.iterdir()
-            if p.is_dir() and (base == HOST_RESULTS or not is_testhosts_run(p))}
+    return {p for base in (ROOT / "results", HOST_RESULTS, LLAMA_RESULTS) if base.is_dir() for p in base.iterdir()
+            if p.is_dir() and (base != ROOT / "results" or not is_testhosts_run(p))}
 
 
 SECOND = "it-second-suite"  # a run id of this test's, tried while the demo measures
@@ -136,6 +138,7 @@ def demo() -> Iterator[Demo]:
         yield Demo(match.group(1), out, wall, second)
     finally:
         _kill_leftovers(str(HOST_RESULTS))
+        _kill_leftovers(str(LLAMA_RESULTS))
         for folder in made | (run_folders() - before):
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -256,7 +259,7 @@ def test_the_demo_records_validate_against_the_published_schemas(demo: Demo) -> 
             schemas["requests.jsonl"].validate(row)
             every = set(schemas["requests.jsonl"].schema["properties"])
             # every field but the open-loop ones on a closed-loop row, and llama.cpp's own (its drafted tokens, and
-            # where its acceptance was read: tests/playbooks/test_llamacpp_local.py)
+            # where its acceptance was read: the llama.cpp test below)
             every -= {"spec_draft_tokens", "accept_scope"}
             assert set(row) == (every if "request_rate" in row else every - {"request_rate", "scheduled_s"}), row
 
@@ -411,7 +414,7 @@ def test_history_of_the_demo_its_forced_rerun_and_a_run_with_a_changed_engine_fl
     assert re.match(r"history store results/specfleet.duckdb: \d+ runs; read \d+ \(", res.stdout), res.stdout
     res = typed("specfleet history --config tp1-ngram-k2 --workload fib", timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
-    rows = _md_rows(res.stdout, "### local · tp1-ngram-k2 · fib, 128 tok")
+    rows = _md_rows(res.stdout, "### local (vllm) · tp1-ngram-k2 · fib, 128 tok")
     runs = [r[0] for r in rows]
     # measured in this order: the demo's k2, measured again by the forced rerun, then the flagged run's
     assert [r for r in runs if r in (earlier, demo.run_id, flagged)] == [earlier, demo.run_id, flagged], runs
@@ -445,6 +448,84 @@ def test_history_of_the_demo_its_forced_rerun_and_a_run_with_a_changed_engine_fl
     assert ttft[(demo.run_id, "tp1-ngram-k2")]["requests"] == "24"  # c8, three times
     assert not [key for key in ttft if key[0] == flagged]  # its one cell is at c1
 
+
+
+# ---- llama.cpp beside vLLM: its suite into the demo's run ----------------------------------------------------------
+LLAMA_SERVER, GGUF = ROOT / ".cache/llama.cpp/llama-server", ROOT / ".cache/models/gguf"
+LENGTHS = (1.5, 2.5, 3.5)
+BOTH = ("tp1-autoregressive", "tp1-ngram-k2", "tp1-draft_model-k3", "tp1-dflash-blk4", "tp1-eagle3-k3")
+LLAMA_CONFIGS = (*BOTH, *(f"tp1-draft_model-k3-synth{n:g}" for n in LENGTHS))
+
+
+def test_llamacpp_into_the_demos_run_sets_the_engines_side_by_side_and_lands_on_its_synthetic_acceptance(
+        demo: Demo) -> None:
+    """llama.cpp's server, for real, as the README runs it: `make llamacpp gguf-models` (built by `make test`'s
+    installs: the role changes nothing), then `bench.yml -l local-llamacpp -e run_id=<id>` into the demo's run.
+
+    The run then holds both engines on this machine: the report sets each config they share side by side, the
+    engine in the column, each against its own baseline. llama.cpp's synthetic acceptance is the ground truth: a
+    config told to accept drafts at a mean length L (`synth_len`, the target's token included) must be reported at L
+    within the report's own interval, the server's counters agreeing with the rows token for token; the more it
+    accepts, the faster it runs. DFlash and EAGLE-3 run too, their drafters' hidden-state taps read by llama.cpp
+    (random weights: nothing is accepted)."""
+    built = typed("make llamacpp gguf-models", timeout=1800)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-2000:]
+    assert re.search(r"^local\s+: ok=\d+\s+changed=0\s", built.stdout, re.M), built.stdout[-2000:]
+    assert LLAMA_SERVER.exists() and (GGUF / "target.gguf").exists()
+    res = typed("ansible-playbook bench.yml -l local-llamacpp -e run_id=<id>", run_id=demo.run_id, timeout=900)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    assert re.search(rf"^local-llamacpp: suite {demo.run_id}: {len(LLAMA_CONFIGS)} configs", res.stdout, re.M), \
+        res.stdout[-3000:]
+    host = demo.run_dir / "local-llamacpp"
+    status = {cid: json.loads((host / cid / "status.json").read_text()) for cid in LLAMA_CONFIGS}
+    assert {c: s["status"] for c, s in status.items()} == dict.fromkeys(LLAMA_CONFIGS, "ok"), status
+    schema = jsonschema.Draft202012Validator(json.loads((ROOT / "schemas/requests.jsonl.schema.json").read_text()))
+    for cid in LLAMA_CONFIGS:  # llama.cpp's rows as the published contract has them
+        for line in (host / cid / "requests.jsonl").read_text().splitlines():
+            schema.validate(json.loads(line))
+    info = json.loads((host / "host.json").read_text())["engine"]
+    assert info["name"] == "llamacpp" and info["version"] and info["build"]["sha256"], info
+    report = json.loads((demo.run_dir / "report.json").read_text())
+
+    # both engines in one run: every config they share, cell by cell, side by side
+    assert {(r["host"], r["engine"]) for r in report["rows"]} == {("local", "vllm"), ("local-llamacpp", "llamacpp")}
+    for cid in BOTH:
+        shared = [r for r in report["cross_host"] if r["config_id"] == cid and r["concurrency"] == 1
+                  and r["request_rate"] is None]
+        assert len(shared) == SHORT, (cid, shared)  # both profiles' short sweep: 4 workloads x 2 contexts at c1
+        for r in shared:
+            assert r["local (vllm) tok_s"] > 0 and r["local-llamacpp (llamacpp) tok_s"] > 0, r
+            if cid != "tp1-autoregressive":
+                assert r["local (vllm) speedup"] > 0 and r["local-llamacpp (llamacpp) speedup"] > 0, r
+    markdown = (demo.run_dir / "report.md").read_text()
+    assert "local-llamacpp (llamacpp)" in markdown and "local (vllm)" in markdown
+
+    accept = {r["config_id"]: r for r in report["acceptance_per_config"] if r["host"] == "local-llamacpp"}
+    speed: dict[float, float] = {}
+    for length in LENGTHS:
+        cid = f"tp1-draft_model-k3-synth{length:g}"
+        row = accept[cid]
+        # the server's own counts agree with the rows, exactly: generated, drafted and accepted tokens
+        counters = status[cid]["counters"]
+        assert counters["verdict"] == "ok" and {"generation_tokens", "draft_tokens", "accepted_tokens"} <= set(
+            counters), counters
+        assert row["accept_length_ci_low"] <= length <= row["accept_length_ci_high"], (length, row)
+        assert row["accept_length_ci_high"] - row["accept_length_ci_low"] < 0.5, row  # an interval that says something
+        cells = [r["speedup"] for r in report["rows"] if r["config_id"] == cid]
+        speed[length] = math.exp(sum(math.log(s) for s in cells) / len(cells))
+    # a longer acceptance takes more tokens per verify step: the speedup grows with it
+    assert speed[1.5] < speed[2.5] and speed[1.5] < speed[3.5], speed
+    for cid, st in status.items():  # its startup read from its own log: weights loaded, then serving, before ready
+        marks = st.get("startup") or {}
+        assert 0 <= marks.get("weights", -1) <= marks.get("serving", -1) <= st["ready_s"], (cid, marks, st["ready_s"])
+    for cid in ("tp1-dflash-blk4", "tp1-eagle3-k3"):
+        assert status[cid]["counters"]["verdict"] == "ok", status[cid]["counters"]
+        assert accept[cid]["requests_with_steps"] > 0, accept[cid]
+    print(f"llama.cpp {info['version']} ({info['commit']}): " + "; ".join(
+        f"L={n:g}: {accept[f'tp1-draft_model-k3-synth{n:g}']['accept_length']:.2f} "
+        f"({accept[f'tp1-draft_model-k3-synth{n:g}']['accept_length_ci_low']:.2f}–"
+        f"{accept[f'tp1-draft_model-k3-synth{n:g}']['accept_length_ci_high']:.2f}), speedup {speed[n]:.2f}x"
+        for n in LENGTHS))
 
 def _md_table(text: str) -> list[dict[str, str]]:
     lines = [line for line in text.splitlines() if line.startswith("|")]

@@ -122,7 +122,7 @@ def test_suite_on_two_hosts_with_systemd(two_host_run: tuple[Bench, str, str], t
                                        "--output-fields=_UID", check=False).stdout.splitlines()
             assert uids and {json.loads(line)["_UID"] for line in uids} == {uid}, (host, cid, uid, uids[:3])
     report = (run_dir / "report.md").read_text()
-    assert "## Across hosts" in report and "th1 tok_s" in report and "th2 speedup" in report
+    assert "## Across hosts and engines" in report and "th1 (vllm) tok_s" in report and "th2 (vllm) speedup" in report
     assert set(json.loads((run_dir / "run.json").read_text())["hosts"]) == set(HOSTS)
     assert_clean(testhosts)
 
