@@ -454,7 +454,7 @@ def test_history_of_the_demo_its_forced_rerun_and_a_run_with_a_changed_engine_fl
 LLAMA_SERVER, GGUF = ROOT / ".cache/llama.cpp/llama-server", ROOT / ".cache/models/gguf"
 LENGTHS = (1.5, 2.5, 3.5)
 BOTH = ("tp1-autoregressive", "tp1-ngram-k2", "tp1-draft_model-k3", "tp1-dflash-blk4", "tp1-eagle3-k3")
-LLAMA_CONFIGS = (*BOTH, *(f"tp1-draft_model-k3-synth{n:g}" for n in LENGTHS))
+LLAMA_CONFIGS = (*BOTH, *(f"tp1-draft_model-k3-synth{n:g}" for n in LENGTHS))  # synth2.5 also under load
 
 
 def test_llamacpp_into_the_demos_run_sets_the_engines_side_by_side_and_lands_on_its_synthetic_acceptance(
@@ -511,10 +511,22 @@ def test_llamacpp_into_the_demos_run_sets_the_engines_side_by_side_and_lands_on_
             counters), counters
         assert row["accept_length_ci_low"] <= length <= row["accept_length_ci_high"], (length, row)
         assert row["accept_length_ci_high"] - row["accept_length_ci_low"] < 0.5, row  # an interval that says something
-        cells = [r["speedup"] for r in report["rows"] if r["config_id"] == cid]
+        cells = [r["speedup"] for r in report["rows"] if r["config_id"] == cid and r["concurrency"] == 1]
         speed[length] = math.exp(sum(math.log(s) for s in cells) / len(cells))
     # a longer acceptance takes more tokens per verify step: the speedup grows with it
     assert speed[1.5] < speed[2.5] and speed[1.5] < speed[3.5], speed
+    # bursts of 2 to 8 at L = 2.5: each burst's length from the counters around it, pooled over the bursts' steps
+    rows = [json.loads(line) for line in (host / "tp1-draft_model-k3-synth2.5" / "requests.jsonl").read_text()
+            .splitlines()]
+    bursts: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("accept_scope") == "burst":
+            bursts.setdefault((r["workload"], r["context_tokens"], r["concurrency"], r["rep"]), []).append(r)
+    assert {k[2] for k in bursts} == {2, 4, 8} and all(len(b) == k[2] for k, b in bursts.items()), sorted(bursts)
+    accepted = [sum(r["spec_accepted_tokens"] for r in b) for b in bursts.values()]
+    steps = [a / (b[0]["accept_length"] - 1) for a, b in zip(accepted, bursts.values())]
+    pooled = 1 + sum(accepted) / sum(steps)
+    assert abs(pooled - 2.5) < 0.12, (pooled, [b[0]["accept_length"] for b in bursts.values()])
     for cid, st in status.items():  # its startup read from its own log: weights loaded, then serving, before ready
         marks = st.get("startup") or {}
         assert 0 <= marks.get("weights", -1) <= marks.get("serving", -1) <= st["ready_s"], (cid, marks, st["ready_s"])
@@ -525,7 +537,8 @@ def test_llamacpp_into_the_demos_run_sets_the_engines_side_by_side_and_lands_on_
         f"L={n:g}: {accept[f'tp1-draft_model-k3-synth{n:g}']['accept_length']:.2f} "
         f"({accept[f'tp1-draft_model-k3-synth{n:g}']['accept_length_ci_low']:.2f}–"
         f"{accept[f'tp1-draft_model-k3-synth{n:g}']['accept_length_ci_high']:.2f}), speedup {speed[n]:.2f}x"
-        for n in LENGTHS))
+        for n in LENGTHS) + f"; bursts of 2-8 at L=2.5: {pooled:.2f}")
+
 
 def _md_table(text: str) -> list[dict[str, str]]:
     lines = [line for line in text.splitlines() if line.startswith("|")]
