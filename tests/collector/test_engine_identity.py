@@ -29,6 +29,7 @@ from collector.tables.cross_host import cross_host
 from collector.tables.speedup import table
 from collector.vocab import CELL
 from controller import matrix
+from tests.collector.test_history import pts
 
 TOKENS = 64
 SPREAD = (0.99, 1.0, 1.01, 1.0)  # each repetition: the run's tok/s × these
@@ -162,18 +163,10 @@ def switched(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return results
 
 
-def points(results: Path, **kw: Any) -> list[dict[str, Any]]:
-    con = store.connect(results / store.DB_FILE, read_only=True)
-    try:
-        return history.points(con, Filters(**kw))
-    finally:
-        con.close()
-
-
 def test_history_starts_a_new_series_when_a_host_changes_engine(switched: Path) -> None:
     """The first llama.cpp run, at half vLLM's tok/s, is the first of its series: no previous run, nothing outside
     a spread; back on vLLM, run 7 follows run 4 and its fall is judged against the vLLM runs alone."""
-    got = points(switched, config=BASE, last=0)
+    got = pts(switched, config=BASE, last=0)
     run = {p["run_id"]: p for p in got}
     assert (run["run-05"]["previous_run"], run["run-05"]["outside"], run["run-05"]["changes"]) == (None, [], [])
     assert (run["run-06"]["previous_run"], run["run-06"]["outside"]) == ("run-05", [])
