@@ -27,15 +27,14 @@ class Machine:
         self.path = Path(path) if path else None
 
     @contextmanager
-    def turn(self, who: Dict[str, Any], waiting: Callable[[Dict[str, Any]], None]) -> Iterator[float]:
-        """Hold the machine for one config (or one packed phase); yields the seconds waited for it.
+    def turn(self, who: Dict[str, Any], waiting: Callable[[Dict[str, Any]], None]) -> Iterator[None]:
+        """Hold the machine for one config (or one packed phase) while the block runs.
         `who` (host, run_id, config_id) is written as the holder; `waiting(holder)` is called once when the
         machine is held by another suite, before waiting."""
         if self.path is None:
-            yield 0.0
+            yield
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        t0 = time.monotonic()
         queue = self._open(Path(f"{self.path}.queue"))
         machine = self._open(self.path)
         try:
@@ -46,11 +45,10 @@ class Machine:
                 problems, holder = self.holder()
                 waiting({**holder, "problems": problems} if problems else holder)
                 fcntl.flock(machine, fcntl.LOCK_EX)
-            waited = time.monotonic() - t0
             # written before the queue goes: the next waiter, who takes the queue first, reads this holder
             write_json(self.holder_path, {**who, "pid": os.getpid(), "since": time.time()})
             fcntl.flock(queue, fcntl.LOCK_UN)
-            yield waited
+            yield
         finally:
             queue.close()
             machine.close()  # lets the machine go (and the queue, when an exception came while waiting)

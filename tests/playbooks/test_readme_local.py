@@ -493,10 +493,13 @@ def test_llamacpp_into_the_demos_run_sets_the_engines_side_by_side_and_lands_on_
         shared = [r for r in report["cross_host"] if r["config_id"] == cid and r["concurrency"] == 1
                   and r["request_rate"] is None]
         assert len(shared) == SHORT, (cid, shared)  # both profiles' short sweep: 4 workloads x 2 contexts at c1
-        for r in shared:
-            assert r["local (vllm) tok_s"] > 0 and r["local-llamacpp (llamacpp) tok_s"] > 0, r
-            if cid != "tp1-autoregressive":
-                assert r["local (vllm) speedup"] > 0 and r["local-llamacpp (llamacpp) speedup"] > 0, r
+        for r in shared:  # each side against its own host's baseline in the same cell, none against the other's
+            base = next(b for b in report["cross_host"] if b["config_id"] == "tp1-autoregressive" and all(
+                b[k] == r[k] for k in ("workload", "max_tokens", "context_tokens", "concurrency", "request_rate")))
+            for side in ("local (vllm)", "local-llamacpp (llamacpp)"):
+                assert r[f"{side} tok_s"] > 0, (side, r)
+                assert r[f"{side} speedup"] == pytest.approx(r[f"{side} tok_s"] / base[f"{side} tok_s"], rel=1e-4), (
+                    side, r, base)
     markdown = (demo.run_dir / "report.md").read_text()
     assert "local-llamacpp (llamacpp)" in markdown and "local (vllm)" in markdown
 
