@@ -109,11 +109,18 @@ host-deps:
 	fi
 
 # Offline wheelhouse of the CPU engine: what `engine` installs here and the `engine_venv` role on hosts with no
-# index (the test hosts). The engine's venv provides the pip that downloads it.
+# index (the test hosts). The engine's venv provides the pip that downloads it. It also holds llama.cpp's source,
+# the llamacpp role's pinned sdist (URL and sha256 read from the role's defaults, checked before it is kept), from
+# which the test hosts build llama-server (group_vars/testhosts.yml).
+LLAMACPP_PIN = $(BIN)/python -c 'import sys, yaml; print(yaml.safe_load(open("roles/llamacpp/defaults/main.yml"))[sys.argv[1]])'
 wheelhouse: $(WHEELHOUSE)/.complete
-$(WHEELHOUSE)/.complete: requirements-engine.txt
+$(WHEELHOUSE)/.complete: requirements-engine.txt roles/llamacpp/defaults/main.yml | venv
 	test -x $(ENGINE)/bin/pip || $(PYTHON) -m venv $(ENGINE)
 	$(ENGINE)/bin/pip download -q $(PIP_ARGS) -r requirements-engine.txt pip setuptools wheel -d $(WHEELHOUSE)
+	url=$$($(LLAMACPP_PIN) llamacpp_sdist_url) && sha=$$($(LLAMACPP_PIN) llamacpp_sdist_sha256) && \
+	out=$(WHEELHOUSE)/$${url##*/} && { echo "$$sha  $$out" | sha256sum -c --status - 2>/dev/null || { \
+	curl -fsSL --retry 3 -o $$out.part "$$url" && echo "$$sha  $$out.part" | sha256sum -c --quiet - && \
+	mv $$out.part $$out; }; }
 	touch $@
 
 # Two Debian hosts with systemd and SSH (systemd-nspawn, needs root), group `testhosts` of the inventory; their

@@ -65,6 +65,9 @@ COVERED: dict[str, list[str]] = {
         "tests/roles/test_playbook_tags.py::test_list_tags_as_typed_lists_every_phase_of_provisioning"],
     "ansible-playbook playbooks/provision.yml -l ct200 --tags sglang_patches": [
         "tests/roles/test_playbook_tags.py::test_one_phase_as_typed_on_unreachable_ct200_stops_at_once"],
+    # llama.cpp on the test hosts from the wheelhouse (docs/several-hosts.md)
+    "ansible-playbook playbooks/llamacpp.yml -l testhosts --check": [
+        "tests/playbooks/test_testhosts_suite.py::test_llamacpp_from_the_wheelhouse_in_check_mode"],
 }
 
 

@@ -18,12 +18,14 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+import yaml
 
 from tests import playbook
 from tests.conftest import short_tmp
 from tests.hosts.testhosts import TestHosts
 from tests.hosts.testhosts import run as run_command
 from tests.readme import typed
+from tests.roles.test_llamacpp_role import build_key
 from tests.standin import ENGINE
 
 from .conftest import ROOT, Bench, reduced_matrix
@@ -153,6 +155,23 @@ def test_engine_role_leaves_the_engine_compiled_for_the_service_user(testhosts: 
         assert missing == [], (host, len(missing), missing[:5])
         writable = testhosts.ssh(host, "runuser -u specfleet -- test -w /opt/specfleet/engine/lib", check=False)
         assert writable.returncode != 0, host  # the service user could not have compiled them itself
+
+
+def test_llamacpp_from_the_wheelhouse_in_check_mode(testhosts: TestHosts) -> None:
+    """`playbooks/llamacpp.yml -l testhosts --check` as typed on the offline hosts: the role takes the pinned sdist
+    from the wheelhouse (`make wheelhouse` fetched it; its sha256 is checked on each host, nothing is downloaded),
+    names the key a real build would take and the build tools the hosts lack, and creates nothing."""
+    res = typed("ansible-playbook playbooks/llamacpp.yml -l testhosts --check", timeout=300)
+    assert res.returncode == 0, playbook.why(res.stdout)
+    defaults = yaml.safe_load((ROOT / "roles/llamacpp/defaults/main.yml").read_text())
+    base = yaml.safe_load((ROOT / "roles/llamacpp/vars/main.yml").read_text())["_llamacpp_cmake_base"]
+    key = build_key(f"sha256:{defaults['llamacpp_sdist_sha256']}", base)
+    assert res.stdout.count(f"llama-server key {key}: check mode, nothing is built") == len(HOSTS), res.stdout[-3000:]
+    assert "a real run downloads" not in res.stdout
+    assert res.stdout.count("not on the host yet: cmake, ninja, a C++ compiler (g++)") == len(HOSTS)
+    for host in HOSTS:
+        assert re.search(rf"{host}\s+: ok=\d+\s+changed=\d+\s+unreachable=0\s+failed=0", res.stdout), res.stdout[-1500:]
+        assert testhosts.ssh(host, "test -e /opt/specfleet/llama.cpp", check=False).returncode != 0, host
 
 
 def test_collector_pull_fetches_a_run(two_host_run: tuple[Bench, str, str]) -> None:
