@@ -26,6 +26,7 @@ BIN = playbook.BIN
 ENGINE_PY = ROOT / ".cache/engine-venv/bin/python"
 MODELS = ROOT / ".cache/models"
 WHEELHOUSE = ROOT / ".cache/wheelhouse"
+LOCAL_HOSTS = ("local", "local-llamacpp")  # the inventory's hosts on this machine (vLLM, llama.cpp)
 
 
 def reduced_matrix(configs: list[dict[str, Any]], **sweep: Any) -> dict[str, Any]:
@@ -36,7 +37,8 @@ def reduced_matrix(configs: list[dict[str, Any]], **sweep: Any) -> dict[str, Any
 
 
 class Bench:
-    """ansible-playbook bench.yml -l local with its own host folder and controller results folder."""
+    """ansible-playbook bench.yml -l local (or another host) with its own host folder and controller results
+    folder."""
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
@@ -45,18 +47,19 @@ class Bench:
         self.results = tmp / "results"
 
     def vars_file(self, extra: dict[str, Any], local: bool) -> Path:
-        """Extra vars: this test's controller results folder and, on this machine, its own host folder
-        (remote hosts keep their default folder)."""
+        """Extra vars: this test's controller results folder and, on this machine, its own host folder and machine
+        lock (remote hosts keep their defaults): a test's suite does not wait for the turns of another test's."""
         path = self.tmp / f"vars-{len(list(self.tmp.glob('vars-*')))}.yml"
         # no plots: no test of this helper looks at them (the demo's tests do), and drawing them costs seconds a run
         own: dict[str, Any] = {"bench_controller_results": str(self.results), "bench_report_plots": False}
         if local:
             own["bench_host_dir"] = str(self.host_dir)
+            own["bench_machine_lock"] = str(self.tmp / "machine.lock")
         path.write_text(yaml.safe_dump({**own, **extra}))
         return path
 
     def args(self, extra: dict[str, Any], *args: str, limit: str = "local") -> list[str]:
-        return ["bench.yml", "-l", limit, "-e", f"@{self.vars_file(extra, limit == 'local')}", *args]
+        return ["bench.yml", "-l", limit, "-e", f"@{self.vars_file(extra, limit in LOCAL_HOSTS)}", *args]
 
     def run(self, extra: dict[str, Any], *args: str, limit: str = "local",
             timeout: float = 900) -> subprocess.CompletedProcess[str]:
@@ -70,8 +73,8 @@ class Bench:
         all of them (a config's own `env` adds more)."""
         return {"bench_engine_python": str(write_python(self.tmp / "standin", env))}
 
-    def host_run(self, run_id: str) -> Path:
-        return self.host_dir / "results" / run_id / "local"
+    def host_run(self, run_id: str, host: str = "local") -> Path:
+        return self.host_dir / "results" / run_id / host
 
     def seed_engine_help(self, kept: Path) -> None:
         """This host folder's engine cache starts with the engine's `--help` as a host keeps it after one run
@@ -79,8 +82,8 @@ class Bench:
         (self.host_dir / "cache").mkdir(parents=True, exist_ok=True)
         shutil.copy(kept, self.host_dir / "cache" / kept.name)
 
-    def events(self, run_id: str) -> list[dict[str, Any]]:
-        path = self.host_run(run_id) / "events.jsonl"
+    def events(self, run_id: str, host: str = "local") -> list[dict[str, Any]]:
+        path = self.host_run(run_id, host) / "events.jsonl"
         if not path.exists():
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,37 +1,40 @@
-"""Packing for real on this machine: `bench.yml -l local` with two CPU slots of one core each and the pack check,
-the real CPU engine as every server. The baseline runs alone, then the other config and the pack check (the
-baseline again, packed) two at a time, each engine held by the kernel to its slot's core; every record names its
-slot and neighbours and the report marks packed cells."""
+"""Packing for real on this machine: `bench.yml -l local-llamacpp` with two CPU slots of one core each and the pack
+check, llama.cpp's server (`make llamacpp`) as every server: packing is the agent's, whatever the engine (each
+server is started under `taskset`), and llama.cpp's servers start in a second where vLLM's take half a minute. The
+baseline runs alone, then the other config and the pack check (the baseline again, packed) two at a time, each server
+held by the kernel to its slot's core; every record names its slot and neighbours and the report marks packed
+cells."""
 from __future__ import annotations
 
 import json
 import os
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .conftest import Bench, reduced_matrix
+from .conftest import ROOT, Bench, reduced_matrix
 
 CPUS = sorted(os.sched_getaffinity(0))
+HOST = "local-llamacpp"
 pytestmark = [pytest.mark.skipif(len(CPUS) < 2, reason="two CPU slots need two CPUs"), pytest.mark.engine]
 
 
-def test_a_packed_suite_on_two_cpu_slots(bench: Bench, engine_help: Path) -> None:
+def test_a_packed_suite_on_two_cpu_slots(bench: Bench) -> None:
+    if not (ROOT / ".cache/llama.cpp/llama-server").exists() or not (ROOT / ".cache/models/gguf/.built").exists():
+        pytest.fail("llama.cpp's server and the GGUF models are missing: run `make llamacpp gguf-models` first")
     run = "it-packed"
-    bench.seed_engine_help(engine_help)
     configs = [{"method": "autoregressive"}, {"method": "ngram", "num_speculative_tokens": 2}]
     extra: dict[str, Any] = {**reduced_matrix(configs), "run_id": run, "bench_pack": "true",
                              "bench_pack_check": True, "bench_slots": [{"cpus": str(c)} for c in CPUS[:2]]}
-    res = bench.run(extra, timeout=900)
+    res = bench.run(extra, limit=HOST, timeout=900)
     assert res.returncode == 0, res.stdout[-4000:]
     out = res.stdout
     ids = ["tp1-autoregressive", "tp1-autoregressive-packed", "tp1-ngram-k2"]
-    host = bench.results / run / "local"
+    host = bench.results / run / HOST
     status = {cid: json.loads((host / cid / "status.json").read_text()) for cid in ids}
     assert {cid: s["status"] for cid, s in status.items()} == {cid: "ok" for cid in ids}
-    events = bench.events(run)
+    events = bench.events(run, HOST)
     order = [(e["event"], e["config_id"]) for e in events if e["event"] in ("config_start", "config_end")]
     assert order[:2] == [("config_start", "tp1-autoregressive"), ("config_end", "tp1-autoregressive")]
     running = most = 0
