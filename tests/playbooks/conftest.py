@@ -103,12 +103,23 @@ def _kill_leftovers(marker: str) -> None:
                 pass
 
 
+# What each real engine's tests need built, and the make targets that build it (`engine` marks vLLM's by default,
+# `engine("llamacpp")` llama.cpp's).
+ENGINE_BUILT = {
+    "vllm": ((ENGINE_PY, MODELS / "target/config.json"), "make engine models"),
+    "llamacpp": ((ROOT / ".cache/llama.cpp/llama-server", MODELS / "gguf/.built"), "make llamacpp gguf-models"),
+}
+
+
 @pytest.fixture(autouse=True)
 def engine_ready(request: pytest.FixtureRequest) -> None:
-    """Tests marked `engine` run the real CPU engine: it and the tiny models must be built."""
-    if request.node.get_closest_marker("engine") and (
-            not ENGINE_PY.exists() or not (MODELS / "target/config.json").exists()):
-        pytest.fail("the CPU engine and tiny models are missing: run `make engine models` first")
+    """Tests marked `engine` run a real engine on this machine: it and its tiny models must be built."""
+    marker = request.node.get_closest_marker("engine")
+    if marker:
+        name = marker.args[0] if marker.args else "vllm"
+        paths, make = ENGINE_BUILT[name]
+        if not all(p.exists() for p in paths):
+            pytest.fail(f"{name} and its tiny models are missing: run `{make}` first")
 
 
 @pytest.fixture

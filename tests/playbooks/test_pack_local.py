@@ -13,16 +13,15 @@ from typing import Any
 
 import pytest
 
-from .conftest import ROOT, Bench, reduced_matrix
+from .conftest import Bench, reduced_matrix
 
 CPUS = sorted(os.sched_getaffinity(0))
 HOST = "local-llamacpp"
-pytestmark = [pytest.mark.skipif(len(CPUS) < 2, reason="two CPU slots need two CPUs"), pytest.mark.engine]
+pytestmark = [pytest.mark.skipif(len(CPUS) < 2, reason="two CPU slots need two CPUs"),
+              pytest.mark.engine("llamacpp")]
 
 
 def test_a_packed_suite_on_two_cpu_slots(bench: Bench) -> None:
-    if not (ROOT / ".cache/llama.cpp/llama-server").exists() or not (ROOT / ".cache/models/gguf/.built").exists():
-        pytest.fail("llama.cpp's server and the GGUF models are missing: run `make llamacpp gguf-models` first")
     run = "it-packed"
     configs = [{"method": "autoregressive"}, {"method": "ngram", "num_speculative_tokens": 2}]
     extra: dict[str, Any] = {**reduced_matrix(configs), "run_id": run, "bench_pack": "true",
@@ -53,6 +52,12 @@ def test_a_packed_suite_on_two_cpu_slots(bench: Bench) -> None:
     up = {e["config_id"]: datetime.fromisoformat(e["t"]).timestamp() for e in events if e["event"] == "config_ready"}
     for cid, other in (ids[1:], ids[:0:-1]):
         assert status[cid]["timed_window"][0] >= up[other] - 1e-3, (cid, status[cid]["timed_window"], other, up)
+    # the report flags the cells measured beside a neighbour, never the baseline measured alone, and sets the
+    # baseline alone against packed
+    flagged = {(r["config_id"], "packed" in r["flags"].split(",")) for r in
+               json.loads((bench.results / run / "report.json").read_text())["rows"]}
+    assert flagged == {("tp1-autoregressive", False), ("tp1-ngram-k2", True)}, flagged
+    assert "## Baseline alone vs packed" in (bench.results / run / "report.md").read_text()
     # the progress lines name the slot of each packed config, and where it ended
     assert "tp1-ngram-k2  slot " in out and "tp1-autoregressive-packed (slot " in out
     print(f"packed on CPUs {CPUS[:2]}: " + "; ".join(
