@@ -41,9 +41,9 @@ LOADED = ["tp1-autoregressive", "tp1-ngram-k2", "tp1-ngram-k4", "tp1-draft_model
 DRAFTERS = {"tp1-dflash-blk4": ("DFlashDraftModel", "(1, 2)"), "tp1-dflash-blk8": ("DFlashDraftModel", "(1, 2)"),
             "tp1-eagle3-k3": ("LlamaForCausalLMEagle3", "(0, 1, 2)")}
 CONFIGS = LOADED + list(DRAFTERS)
-SHORT = 4 * 2  # host_vars/local.yml: 4 workloads x 2 contexts at c1
-CELLS = SHORT + 3 + 3  # and fib at c2, c4, c8; fib at 8, 32 req/s and all at once
-REQUESTS = 3 * (SHORT + 2 + 4 + 8 + 3 * 8)  # each cell 3 times; 8 requests a repetition at each rate
+SHORT = 4 * 2  # host_vars/local.yml: 4 workloads x 2 contexts at c1, 128 tokens
+CELLS = SHORT + 4 + 3  # and fib at 64 tokens: at c1, c2, c4, c8; at 8, 32 req/s and all at once
+REQUESTS = 3 * (SHORT + 1 + 2 + 4 + 8 + 3 * 8)  # each cell 3 times; 8 requests a repetition at each rate
 ALL_CELLS = len(LOADED) * CELLS + len(DRAFTERS) * SHORT
 
 
@@ -206,30 +206,30 @@ def test_the_demo_results_follow_the_contract(demo: Demo) -> None:
         assert config["warmup_max_tokens"] == 32
         assert "Application startup complete" in (d / "server.log").read_text()
         rows = [json.loads(line) for line in (d / "requests.jsonl").read_text().splitlines()]
-        # 3 reps of: workloads x contexts at c1, and for the loaded configs fib at c2, c4, c8, and 8 requests at
-        # each of 3 rates
+        # 3 reps of: workloads x contexts at c1 (128 tokens), and for the loaded configs fib at 64 tokens at c1, c2,
+        # c4, c8, and 8 requests at each of 3 rates
         assert len(rows) == requests_of(cid)
         for r in rows:
             for key, typ in ROW_TYPES.items():
                 assert isinstance(r[key], typ), (key, r[key])
             assert r["ok"] and r["error"] is None and r["config_id"] == cid
-            assert r["completion_tokens"] == 128  # ignore_eos: exactly max_tokens, counted by the server
+            assert r["completion_tokens"] == r["max_tokens"]  # ignore_eos: exactly max_tokens, counted by the server
             if r["context_tokens"]:
                 assert r["prompt_tokens"] == 512  # built to size with the server's tokenizer
             assert (r["accept_length"] is None) == (cid == "tp1-autoregressive")
             assert r["output_tok_s"] == pytest.approx(r["completion_tokens"] / r["e2e_s"])
-        loads = ((1, None), (2, None), (4, None), (8, None), (0, 8), (0, 32), (0, "inf")) if cid in LOADED else \
-            ((1, None),)
-        assert {(r["concurrency"], r.get("request_rate"), r["rep"]) for r in rows} == {
-            (c, rate, k) for c, rate in loads for k in range(3)}
+        loads = ((64, 1, None), (64, 2, None), (64, 4, None), (64, 8, None), (64, 0, 8), (64, 0, 32),
+                 (64, 0, "inf")) if cid in LOADED else ()
+        assert {(r["max_tokens"], r["concurrency"], r.get("request_rate"), r["rep"]) for r in rows} == {
+            (n, c, rate, k) for n, c, rate in ((128, 1, None), *loads) for k in range(3)}
         # open loop: each request sent on the cell's schedule, whether or not the earlier ones had finished
         for r in (r for r in rows if "request_rate" in r):
             assert r["sent_s"] >= r["scheduled_s"] - 1e-6, r
         # the server's own counters agree with the rows: tokens, requests, verify steps and accepted drafts
         # exactly, acceptance within 1%
-        counted, n = status["counters"], requests_of(cid)
+        counted, n, tokens = status["counters"], requests_of(cid), sum(r["max_tokens"] for r in rows)
         assert counted["verdict"] == "ok", counted
-        assert counted["generation_tokens"] == {"server": n * 128, "rows": n * 128, "ok": True}
+        assert counted["generation_tokens"] == {"server": tokens, "rows": tokens, "ok": True}
         assert counted["requests"] == {"server": n, "rows": n, "ok": True}
         for check in ("accept_length", "verify_steps", "accepted_tokens"):
             assert (check in counted) == (cid != "tp1-autoregressive"), (check, counted)
@@ -430,9 +430,10 @@ def test_history_of_the_demo_its_forced_rerun_and_a_run_with_a_changed_engine_fl
                           "local", "--format", "json", "--last", "0"], cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
     doc = json.loads(res.stdout)
-    k4 = {(p["workload"], p["context_tokens"], p["concurrency"], p["request_rate"], p["run_id"]): p["tok_s_mean"]
+    k4 = {(p["workload"], p["max_tokens"], p["context_tokens"], p["concurrency"], p["request_rate"], p["run_id"]):
+          p["tok_s_mean"]
           for p in doc["points"]}
-    pairs = [(k4[(*key[:4], earlier)], v) for key, v in k4.items() if key[4] == demo.run_id]
+    pairs = [(k4[(*key[:5], earlier)], v) for key, v in k4.items() if key[5] == demo.run_id]
     assert len(pairs) == CELLS and all(a == b for a, b in pairs)
 
     assert len(SQL) == 3
