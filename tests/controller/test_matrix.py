@@ -185,11 +185,12 @@ def test_shipped_profiles_are_valid() -> None:
     assert [c["config_id"] for c in local] == ["tp1-autoregressive", "tp1-ngram-k2", "tp1-ngram-k4",
                                                "tp1-draft_model-k3", "tp1-dflash-blk4", "tp1-dflash-blk8",
                                                "tp1-eagle3-k3"]
-    # 3 reps of: 4 workloads x 2 contexts, and for the baseline and the n-gram and draft-model configs (the load
-    # and rate sweeps' `methods`) fib at 2, 4 and 8 concurrent and 8 requests at each of 3 rates
+    # 3 reps of: 4 workloads x 2 contexts at 128 tokens, and for the baseline and the n-gram and draft-model configs
+    # (the load and rate sweeps' `methods`) fib at 64 tokens at 1, 2, 4 and 8 concurrent and 8 requests at each of
+    # 3 rates
     loaded = {"tp1-autoregressive", "tp1-ngram-k2", "tp1-ngram-k4", "tp1-draft_model-k3"}
     assert {c["config_id"]: c["requests"] for c in local} == {
-        c["config_id"]: 3 * (4 * 2 + (2 + 4 + 8 + 3 * 8 if c["config_id"] in loaded else 0)) for c in local}
+        c["config_id"]: 3 * (4 * 2 + (1 + 2 + 4 + 8 + 3 * 8 if c["config_id"] in loaded else 0)) for c in local}
     ct200 = matrix.expand(suite_from_host_vars("ct200"))
     assert len(ct200) == 27
     assert [c["config_id"] for c in ct200[:9]] == [

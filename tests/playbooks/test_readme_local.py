@@ -151,7 +151,9 @@ def test_make_demo_ends_with_the_speedup_table(demo: Demo) -> None:
     out = demo.out
     for k, cid in enumerate(CONFIGS, 1):
         assert f"local: [{k}/{len(CONFIGS)}] {cid}" in out
-    assert "fib: " in out and " tok/s" in out and "± " in out  # the hand-run line style
+    # the hand-run line style, each cell with its length (the load sweeps are at 64 tokens, the rest at 128)
+    assert re.search(r" fib \(128 tok\): [\d.]+ ± [\d.]+ tok/s", out), out[-3000:]
+    assert re.search(r" fib \(64 tok, c8\): [\d.]+ ± [\d.]+ tok/s", out), out[-3000:]
     assert "## Speedup vs the autoregressive baseline" in out and "| cell " in out and "PLAY RECAP" in out
     assert re.search(r"^local\s+: ok=\d+\s+changed=\d+\s+unreachable=0\s+failed=0 ", out, re.M), out[-2000:]
     for name in ("report.md", "report.csv", "report.json", "report.html", "run.json"):
@@ -492,7 +494,7 @@ def test_llamacpp_into_the_demos_run_sets_the_engines_side_by_side_and_lands_on_
     assert {(r["host"], r["engine"]) for r in report["rows"]} == {("local", "vllm"), ("local-llamacpp", "llamacpp")}
     for cid in BOTH:
         shared = [r for r in report["cross_host"] if r["config_id"] == cid and r["concurrency"] == 1
-                  and r["request_rate"] is None]
+                  and r["request_rate"] is None and r["max_tokens"] == 128]
         assert len(shared) == SHORT, (cid, shared)  # both profiles' short sweep: 4 workloads x 2 contexts at c1
         for r in shared:  # each side against its own host's baseline in the same cell, none against the other's
             base = next(b for b in report["cross_host"] if b["config_id"] == "tp1-autoregressive" and all(
